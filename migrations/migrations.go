@@ -1,0 +1,66 @@
+// Package migrations holds paywatch's SQL schema, embedded in the binary,
+// and applies it with goose.
+package migrations
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"fmt"
+
+	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/lock"
+)
+
+//go:embed *.sql
+var files embed.FS
+
+// Up applies every pending migration. It is safe to call on every start
+// and from several processes at once: goose serialises them with a
+// PostgreSQL advisory lock. It returns the versions it applied.
+func Up(ctx context.Context, db *sql.DB) ([]int64, error) {
+	p, err := provider(db)
+	if err != nil {
+		return nil, err
+	}
+	results, err := p.Up(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("apply migrations: %w", err)
+	}
+	applied := make([]int64, 0, len(results))
+	for _, r := range results {
+		applied = append(applied, r.Source.Version)
+	}
+	return applied, nil
+}
+
+// Version returns the schema version of db and the newest version this
+// binary knows.
+func Version(ctx context.Context, db *sql.DB) (current, latest int64, err error) {
+	p, err := provider(db)
+	if err != nil {
+		return 0, 0, err
+	}
+	current, err = p.GetDBVersion(ctx)
+	if err != nil {
+		return 0, 0, fmt.Errorf("read schema version: %w", err)
+	}
+	sources := p.ListSources()
+	if len(sources) > 0 {
+		latest = sources[len(sources)-1].Version
+	}
+	return current, latest, nil
+}
+
+func provider(db *sql.DB) (*goose.Provider, error) {
+	locker, err := lock.NewPostgresSessionLocker()
+	if err != nil {
+		return nil, fmt.Errorf("migration lock: %w", err)
+	}
+	p, err := goose.NewProvider(goose.DialectPostgres, db, files,
+		goose.WithSessionLocker(locker), goose.WithDisableGlobalRegistry(true))
+	if err != nil {
+		return nil, fmt.Errorf("load migrations: %w", err)
+	}
+	return p, nil
+}

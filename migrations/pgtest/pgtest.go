@@ -1,0 +1,104 @@
+// Package pgtest gives each test a fresh PostgreSQL database with every
+// paywatch migration applied, and drops it when the test ends.
+//
+// The server is found through PAYWATCH_TEST_DATABASE_URL (default
+// postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable). When no
+// server answers, the test fails; outside CI (CI unset) it is skipped.
+package pgtest
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"fmt"
+	"net/url"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	_ "github.com/lib/pq" // the PostgreSQL driver
+
+	"github.com/paywatch/paywatch/migrations"
+)
+
+// ServerURL is the URL of the PostgreSQL server tests use.
+func ServerURL() string {
+	if u := os.Getenv("PAYWATCH_TEST_DATABASE_URL"); u != "" {
+		return u
+	}
+	return "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
+}
+
+// NewURL creates an empty database and returns its URL; the database is
+// dropped when t ends.
+func NewURL(t testing.TB) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	admin, err := sql.Open("postgres", ServerURL())
+	if err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	defer admin.Close()
+	if err := admin.PingContext(ctx); err != nil {
+		if os.Getenv("CI") == "" {
+			t.Skipf("pgtest: no PostgreSQL at %s: %v", ServerURL(), err)
+		}
+		t.Fatalf("pgtest: no PostgreSQL at %s: %v", ServerURL(), err)
+	}
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	name := "paywatch_test_" + hex.EncodeToString(b[:])
+	if _, err := admin.ExecContext(ctx, "CREATE DATABASE "+name); err != nil {
+		t.Fatalf("pgtest: create database: %v", err)
+	}
+	t.Cleanup(func() {
+		db, err := sql.Open("postgres", ServerURL())
+		if err != nil {
+			return
+		}
+		defer db.Close()
+		_, _ = db.Exec("DROP DATABASE IF EXISTS " + name + " WITH (FORCE)")
+	})
+	u, err := url.Parse(ServerURL())
+	if err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	u.Path = "/" + name
+	return u.String()
+}
+
+// New returns a connection to a fresh database with all migrations applied.
+func New(t testing.TB) *sqlx.DB {
+	t.Helper()
+	db, _ := NewWithURL(t)
+	return db
+}
+
+// NewWithURL is New that also returns the database's URL, for tests that
+// start the daemon against it.
+func NewWithURL(t testing.TB) (*sqlx.DB, string) {
+	t.Helper()
+	u := NewURL(t)
+	db, err := sqlx.Open("postgres", u)
+	if err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	t.Cleanup(func() { db.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if _, err := migrations.Up(ctx, db.DB); err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	return db, u
+}
+
+// Exec runs statements on db and fails the test on error; for fixtures.
+func Exec(t testing.TB, db *sqlx.DB, query string, args ...any) {
+	t.Helper()
+	if _, err := db.Exec(query, args...); err != nil {
+		t.Fatalf("pgtest: %s: %v", fmt.Sprintf("%.80s", query), err)
+	}
+}
