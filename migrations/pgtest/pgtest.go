@@ -86,6 +86,7 @@ func NewWithURL(t testing.TB) (*sqlx.DB, string) {
 	if err != nil {
 		t.Fatalf("pgtest: %v", err)
 	}
+	db.SetMaxOpenConns(20)
 	t.Cleanup(func() { db.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()

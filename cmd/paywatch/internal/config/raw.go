@@ -54,7 +54,7 @@ type rawNetwork struct {
 	PollInterval  time.Duration    `yaml:"poll_interval"`
 	StartBlock    rawStartBlock    `yaml:"start_block"`
 	Assets        []rawAsset       `yaml:"assets"`
-	line          int // filled from the node tree: node.Decode would lose KnownFields
+	line          int              // filled from the node tree: node.Decode would lose KnownFields
 }
 
 type rawAsset struct {

@@ -1,0 +1,265 @@
+package orders
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"database/sql"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/big"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+
+	"github.com/paywatch/paywatch"
+)
+
+// CreateRequest is a validated request to open an order dossier.
+type CreateRequest struct {
+	ExternalID string
+	Network    *paywatch.Network
+	Asset      *paywatch.Asset
+	Amount     *big.Int // base units, validated against the asset
+	ExpiresIn  time.Duration
+	Metadata   json.RawMessage // a JSON object, or nil
+	// IdempotencyScope and IdempotencyKey come from the Idempotency-Key
+	// header, scoped by the caller's key name.
+	IdempotencyScope string
+	IdempotencyKey   string
+	Actor            string
+}
+
+// hash fingerprints the request so that a replay can be told from a
+// different request reusing the same external_id or Idempotency-Key.
+func (r *CreateRequest) hash() ([]byte, error) {
+	meta := []byte("null")
+	if len(r.Metadata) > 0 {
+		var v any
+		if err := json.Unmarshal(r.Metadata, &v); err != nil {
+			return nil, paywatch.Errorf(paywatch.CodeInvalidRequest, "metadata is not valid JSON")
+		}
+		meta, _ = json.Marshal(v) // map keys come out sorted
+	}
+	h := sha256.New()
+	for _, part := range [][]byte{[]byte(r.ExternalID), []byte(r.Network.Name), []byte(r.Asset.Symbol),
+		[]byte(r.Amount.String()), binary.BigEndian.AppendUint64(nil, uint64(r.ExpiresIn)), meta} {
+		h.Write(binary.BigEndian.AppendUint32(nil, uint32(len(part))))
+		h.Write(part)
+	}
+	return h.Sum(nil), nil
+}
+
+// Create opens an order dossier. A replay of an earlier request (same
+// Idempotency-Key, or same external_id, with the same content) returns the
+// existing order and created=false; the same key or external_id with other
+// content is a conflict. Nothing is written when it fails.
+func (s *Store) Create(ctx context.Context, req CreateRequest) (order *paywatch.Order, created bool, err error) {
+	hash, err := req.hash()
+	if err != nil {
+		return nil, false, err
+	}
+	if o, err := s.replay(ctx, &req, hash); o != nil || err != nil {
+		return o, false, err
+	}
+	id, err := s.insert(ctx, &req, hash)
+	if c := constraint(err); c == "orders_external_id_key" || c == "orders_idempotency_key" {
+		// A concurrent request with the same identity won the race.
+		o, err := s.replay(ctx, &req, hash)
+		if o == nil && err == nil {
+			err = fmt.Errorf("order vanished after conflict on %s", c)
+		}
+		return o, false, err
+	}
+	if err != nil {
+		return nil, false, err
+	}
+	o, err := s.Get(ctx, id)
+	return o, true, err
+}
+
+// replay finds an earlier order with the request's Idempotency-Key or
+// external_id and checks it was made by the same request.
+func (s *Store) replay(ctx context.Context, req *CreateRequest, hash []byte) (*paywatch.Order, error) {
+	var prior struct {
+		ID   string `db:"id"`
+		Hash []byte `db:"request_hash"`
+	}
+	if req.IdempotencyKey != "" {
+		err := s.db.GetContext(ctx, &prior, `SELECT id, request_hash FROM orders
+			WHERE idempotency_scope = $1 AND idempotency_key = $2`, req.IdempotencyScope, req.IdempotencyKey)
+		switch {
+		case err == nil:
+			if !bytes.Equal(prior.Hash, hash) {
+				return nil, paywatch.Errorf(paywatch.CodeConflict, "Idempotency-Key %q was used for a different request (order %s)", req.IdempotencyKey, prior.ID)
+			}
+			return s.Get(ctx, prior.ID)
+		case !errors.Is(err, sql.ErrNoRows):
+			return nil, fmt.Errorf("look up idempotency key: %w", err)
+		}
+	}
+	err := s.db.GetContext(ctx, &prior, `SELECT id, request_hash FROM orders WHERE external_id = $1`, req.ExternalID)
+	switch {
+	case err == nil:
+		if !bytes.Equal(prior.Hash, hash) {
+			return nil, paywatch.Errorf(paywatch.CodeConflict, "external_id %q belongs to order %s, created with a different request", req.ExternalID, prior.ID)
+		}
+		return s.Get(ctx, prior.ID)
+	case !errors.Is(err, sql.ErrNoRows):
+		return nil, fmt.Errorf("look up external_id: %w", err)
+	}
+	return nil, nil
+}
+
+func (s *Store) insert(ctx context.Context, req *CreateRequest, hash []byte) (string, error) {
+	id := NewID("ord")
+	now := s.now()
+	expires := now.Add(req.ExpiresIn)
+	monitorUntil := expires.Add(s.MonitoringWindow)
+	a := req.Asset
+	err := Tx(ctx, s.db, func(tx *sqlx.Tx) error {
+		o := orderInsert{
+			ID: id, ExternalID: req.ExternalID, RequestHash: hash,
+			IdempotencyScope: nullString(req.IdempotencyScope), IdempotencyKey: nullString(req.IdempotencyKey),
+			Network: req.Network.Name, Asset: a.Symbol, AssetContract: a.Contract,
+			Amount: req.Amount.String(), Status: string(paywatch.StatusAwaitingPayment),
+			Metadata: nullJSON(req.Metadata), CreatedAt: now, ExpiresAt: expires, MonitorUntil: monitorUntil,
+		}
+		if req.IdempotencyKey == "" {
+			o.IdempotencyScope = nil
+		}
+		var slot *slotChoice
+		switch a.Mode {
+		case paywatch.ModeShared:
+			var err error
+			if slot, err = s.chooseSlot(ctx, tx, a, req.Amount, now); err != nil {
+				return err
+			}
+			o.PayAddress, o.PayAmount, o.UniqueK = slot.address, slot.payAmount.String(), &slot.k
+		case paywatch.ModePerOrder:
+			src := s.Sources[a.XPub]
+			if src == nil {
+				return fmt.Errorf("no address source for %s on %s", a.Symbol, a.Network)
+			}
+			var index int64
+			if err := tx.GetContext(ctx, &index, `INSERT INTO derivation_counters (derivation_key, next_index) VALUES ($1, 1)
+				ON CONFLICT (derivation_key) DO UPDATE SET next_index = derivation_counters.next_index + 1
+				RETURNING next_index - 1`, a.XPub); err != nil {
+				return fmt.Errorf("take derivation index: %w", err)
+			}
+			addr, err := src.Address(uint32(index))
+			if err != nil {
+				return err
+			}
+			o.PayAddress, o.PayAmount, o.DerivationKey, o.DerivationIndex = addr, o.Amount, &a.XPub, &index
+		default:
+			return fmt.Errorf("asset %s on %s has no receiving mode", a.Symbol, a.Network)
+		}
+		if _, err := tx.NamedExecContext(ctx, `INSERT INTO orders (id, external_id, request_hash, idempotency_scope,
+			idempotency_key, network, asset, asset_contract, amount, pay_amount, pay_address, unique_k,
+			derivation_key, derivation_index, status, metadata, created_at, expires_at, monitor_until, updated_at)
+			VALUES (:id, :external_id, :request_hash, :idempotency_scope, :idempotency_key, :network, :asset,
+			:asset_contract, :amount, :pay_amount, :pay_address, :unique_k, :derivation_key, :derivation_index,
+			:status, :metadata, :created_at, :expires_at, :monitor_until, :created_at)`, o); err != nil {
+			return fmt.Errorf("insert order: %w", err)
+		}
+		if slot != nil {
+			if err := s.holdSlot(ctx, tx, a, slot, id, monitorUntil, now); err != nil {
+				return err
+			}
+		}
+		return AppendEvent(ctx, tx, id, now, EventCreated, "", paywatch.StatusAwaitingPayment, req.Actor, map[string]string{
+			"amount": a.FormatAmount(req.Amount), "pay_address": o.PayAddress,
+		})
+	})
+	return id, err
+}
+
+type orderInsert struct {
+	ID               string    `db:"id"`
+	ExternalID       string    `db:"external_id"`
+	RequestHash      []byte    `db:"request_hash"`
+	IdempotencyScope *string   `db:"idempotency_scope"`
+	IdempotencyKey   *string   `db:"idempotency_key"`
+	Network          string    `db:"network"`
+	Asset            string    `db:"asset"`
+	AssetContract    string    `db:"asset_contract"`
+	Amount           string    `db:"amount"`
+	PayAmount        string    `db:"pay_amount"`
+	PayAddress       string    `db:"pay_address"`
+	UniqueK          *int      `db:"unique_k"`
+	DerivationKey    *string   `db:"derivation_key"`
+	DerivationIndex  *int64    `db:"derivation_index"`
+	Status           string    `db:"status"`
+	Metadata         any       `db:"metadata"`
+	CreatedAt        time.Time `db:"created_at"`
+	ExpiresAt        time.Time `db:"expires_at"`
+	MonitorUntil     time.Time `db:"monitor_until"`
+}
+
+func nullString(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+type slotChoice struct {
+	address   string
+	k         int
+	payAmount *big.Int
+}
+
+// chooseSlot finds, for the first shared address that has one, the
+// smallest k whose pay amount (amount + k × step) no order holds. A
+// transaction-scoped advisory lock per (network, asset, address) makes
+// concurrent creations wait for each other instead of retrying; the primary
+// key of amount_slots is what guarantees uniqueness.
+func (s *Store) chooseSlot(ctx context.Context, tx *sqlx.Tx, a *paywatch.Asset, amount *big.Int, now time.Time) (*slotChoice, error) {
+	for _, addr := range a.Addresses {
+		if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`,
+			"paywatch:slot:"+a.Network+":"+a.Symbol+":"+addr); err != nil {
+			return nil, fmt.Errorf("lock amount slots: %w", err)
+		}
+		var k int
+		err := tx.GetContext(ctx, &k, `SELECT k FROM generate_series(0, $6::int - 1) AS k
+			WHERE NOT EXISTS (SELECT 1 FROM amount_slots s
+				WHERE s.network = $1 AND s.asset = $2 AND s.address = $3
+				  AND s.pay_amount = $4::numeric + k * $5::numeric AND s.held_until > $7)
+			ORDER BY k LIMIT 1`,
+			a.Network, a.Symbol, addr, amount.String(), a.UniqueStep.String(), a.UniqueSlots, now)
+		if errors.Is(err, sql.ErrNoRows) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("find a free amount slot: %w", err)
+		}
+		pay := new(big.Int).Mul(big.NewInt(int64(k)), a.UniqueStep)
+		pay.Add(pay, amount)
+		return &slotChoice{address: addr, k: k, payAmount: pay}, nil
+	}
+	return nil, paywatch.Errorf(paywatch.CodeNoUniqueAmount,
+		"all %d unique pay amounts for %s %s on %s are held by other orders; try again later or with another amount",
+		a.UniqueSlots, a.FormatAmount(amount), a.Symbol, a.Network)
+}
+
+// holdSlot records the chosen slot until the order's monitoring window
+// ends, taking over a slot whose previous holder's window has ended.
+func (s *Store) holdSlot(ctx context.Context, tx *sqlx.Tx, a *paywatch.Asset, slot *slotChoice, orderID string, until, now time.Time) error {
+	res, err := tx.ExecContext(ctx, `INSERT INTO amount_slots (network, asset, address, pay_amount, order_id, held_until)
+		VALUES ($1, $2, $3, $4, $5, $6)
+		ON CONFLICT (network, asset, address, pay_amount) DO UPDATE
+		SET order_id = EXCLUDED.order_id, held_until = EXCLUDED.held_until
+		WHERE amount_slots.held_until <= $7`,
+		a.Network, a.Symbol, slot.address, slot.payAmount.String(), orderID, until, now)
+	if err != nil {
+		return fmt.Errorf("hold amount slot: %w", err)
+	}
+	if n, _ := res.RowsAffected(); n != 1 {
+		// Cannot happen under the advisory lock; never hand out a duplicate.
+		return fmt.Errorf("amount slot %s at %s was taken concurrently", slot.payAmount, slot.address)
+	}
+	return nil
+}

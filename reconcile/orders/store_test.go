@@ -1,0 +1,437 @@
+package orders_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/big"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+
+	"github.com/paywatch/paywatch"
+	"github.com/paywatch/paywatch/chains/bitcoin"
+	"github.com/paywatch/paywatch/migrations/pgtest"
+	"github.com/paywatch/paywatch/reconcile/orders"
+)
+
+const vpub = "vpub5Y6cjg78GGuNLsaPhmYsiw4gYX3HoQiRBiSwDaBXKUafCt9bNwWQiitDk5VZ5BVxYnQdwoTyXSs2JHRPAgjAvtbBrf8ZhDYe2jWAqvZVnsc"
+
+var (
+	eth  = &paywatch.Network{Name: "ethereum", Family: paywatch.FamilyEVM}
+	usdt = &paywatch.Asset{Network: "ethereum", Symbol: "USDT", Contract: "0xdAC17F958D2ee523a2206206994597C13D831ec7",
+		Decimals: 6, Mode: paywatch.ModeShared, Addresses: []string{"0x1111111111111111111111111111111111111111"},
+		UniqueStep: big.NewInt(1), UniqueSlots: 10000}
+	btcNet = &paywatch.Network{Name: "bitcoin", Family: paywatch.FamilyBitcoin, Chain: "regtest"}
+	btc    = &paywatch.Asset{Network: "bitcoin", Symbol: "BTC", Native: true, Decimals: 8, Mode: paywatch.ModePerOrder, XPub: vpub}
+)
+
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *clock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+func newStore(t *testing.T, db *sqlx.DB) (*orders.Store, *clock) {
+	t.Helper()
+	d, err := bitcoin.NewDeriver(vpub, "regtest", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := orders.NewStore(db, 24*time.Hour, map[string]orders.AddressSource{vpub: d})
+	c := &clock{t: time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC)}
+	s.Now = c.Now
+	return s, c
+}
+
+func req(ext string, a *paywatch.Asset, units int64) orders.CreateRequest {
+	n := eth
+	if a == btc {
+		n = btcNet
+	}
+	return orders.CreateRequest{ExternalID: ext, Network: n, Asset: a, Amount: big.NewInt(units),
+		ExpiresIn: time.Hour, Actor: "storefront"}
+}
+
+func count(t *testing.T, db *sqlx.DB, table string) int {
+	t.Helper()
+	var n int
+	if err := db.Get(&n, "SELECT count(*) FROM "+table); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func TestCreateSharedAddress(t *testing.T) {
+	db := pgtest.New(t)
+	s, _ := newStore(t, db)
+	ctx := context.Background()
+	o, created, err := s.Create(ctx, req("a", usdt, 1_234_000_000))
+	if err != nil || !created {
+		t.Fatal(created, err)
+	}
+	if o.Status != paywatch.StatusAwaitingPayment || o.PayAmount.String() != "1234000000" ||
+		o.PayAddress != usdt.Addresses[0] || o.AssetContract != usdt.Contract || !strings.HasPrefix(o.ID, "ord_") {
+		t.Fatalf("order %+v", o)
+	}
+	if !o.ExpiresAt.Equal(o.CreatedAt.Add(time.Hour)) || !o.MonitorUntil.Equal(o.ExpiresAt.Add(24*time.Hour)) {
+		t.Fatalf("times %v %v %v", o.CreatedAt, o.ExpiresAt, o.MonitorUntil)
+	}
+	o2, _, err := s.Create(ctx, req("b", usdt, 1_234_000_000))
+	if err != nil || o2.PayAmount.String() != "1234000001" {
+		t.Fatalf("second order pays %v (%v), want 1234000001", o2.PayAmount, err)
+	}
+	// an order whose base amount is the first one's pay amount + 1 must not collide
+	o3, _, err := s.Create(ctx, req("c", usdt, 1_234_000_001))
+	if err != nil || o3.PayAmount.String() != "1234000002" {
+		t.Fatalf("third order pays %v (%v), want 1234000002", o3.PayAmount, err)
+	}
+	events, err := s.Events(ctx, o.ID)
+	if err != nil || len(events) != 1 || events[0].Type != orders.EventCreated || events[0].ToStatus != paywatch.StatusAwaitingPayment || events[0].Actor != "storefront" {
+		t.Fatalf("events %+v %v", events, err)
+	}
+}
+
+func TestConcurrentCreatesGetDistinctAmounts(t *testing.T) {
+	db := pgtest.New(t)
+	s, _ := newStore(t, db)
+	const n = 200
+	var wg sync.WaitGroup
+	results := make(chan string, n)
+	errs := make(chan error, n)
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			o, _, err := s.Create(context.Background(), req(fmt.Sprintf("ext-%d", i), usdt, 50_000_000))
+			if err != nil {
+				errs <- err
+				return
+			}
+			results <- o.PayAmount.String()
+		}(i)
+	}
+	wg.Wait()
+	close(results)
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for p := range results {
+		if seen[p] {
+			t.Fatalf("pay amount %s handed out twice", p)
+		}
+		seen[p] = true
+	}
+	if len(seen) != n {
+		t.Fatalf("%d distinct pay amounts, want %d", len(seen), n)
+	}
+	// the smallest free k was taken each time: exactly 0..199
+	var max string
+	if err := db.Get(&max, "SELECT max(pay_amount)::text FROM orders"); err != nil || max != "50000199" {
+		t.Fatalf("max pay amount %s (%v), want 50000199", max, err)
+	}
+}
+
+func TestSlotExhaustionWritesNothing(t *testing.T) {
+	db := pgtest.New(t)
+	s, _ := newStore(t, db)
+	ctx := context.Background()
+	small := *usdt
+	small.UniqueSlots = 3
+	for i := 0; i < 3; i++ {
+		if _, _, err := s.Create(ctx, req(fmt.Sprint(i), &small, 10)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := [3]int{count(t, db, "orders"), count(t, db, "order_events"), count(t, db, "amount_slots")}
+	_, _, err := s.Create(ctx, req("x", &small, 10))
+	if paywatch.ErrorCode(err) != paywatch.CodeNoUniqueAmount {
+		t.Fatalf("err = %v, want no_unique_amount", err)
+	}
+	after := [3]int{count(t, db, "orders"), count(t, db, "order_events"), count(t, db, "amount_slots")}
+	if before != after {
+		t.Fatalf("rows before %v, after %v", before, after)
+	}
+	// Another amount still works; a second address adds capacity.
+	if _, _, err := s.Create(ctx, req("y", &small, 20)); err != nil {
+		t.Fatal(err)
+	}
+	two := small
+	two.Addresses = []string{usdt.Addresses[0], "0x3333333333333333333333333333333333333333"}
+	o, _, err := s.Create(ctx, req("z", &two, 10))
+	if err != nil || o.PayAddress != two.Addresses[1] || o.PayAmount.Int64() != 10 {
+		t.Fatalf("second address: %+v %v", o, err)
+	}
+}
+
+func TestSlotHeldUntilMonitoringWindowEnds(t *testing.T) {
+	db := pgtest.New(t)
+	s, clk := newStore(t, db)
+	ctx := context.Background()
+	one := *usdt
+	one.UniqueSlots = 1
+	first, _, err := s.Create(ctx, req("first", &one, 10))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Expired but inside the monitoring window: a late payer of the first
+	// order must not be able to settle a newer one, so the slot is held.
+	clk.Advance(2 * time.Hour)
+	if _, _, err := s.Create(ctx, req("second", &one, 10)); paywatch.ErrorCode(err) != paywatch.CodeNoUniqueAmount {
+		t.Fatalf("slot reused inside the monitoring window: %v", err)
+	}
+	clk.Advance(24 * time.Hour)
+	second, _, err := s.Create(ctx, req("second", &one, 10))
+	if err != nil || second.PayAmount.Cmp(first.PayAmount) != 0 {
+		t.Fatalf("slot not taken over after the window: %+v %v", second, err)
+	}
+	var holder string
+	if err := db.Get(&holder, "SELECT order_id FROM amount_slots"); err != nil || holder != second.ID {
+		t.Fatalf("slot holder %s (%v), want %s", holder, err, second.ID)
+	}
+}
+
+func TestPerOrderAddresses(t *testing.T) {
+	db := pgtest.New(t)
+	s, _ := newStore(t, db)
+	ctx := context.Background()
+	d, _ := bitcoin.NewDeriver(vpub, "regtest", "")
+	var seen []string
+	for i := 0; i < 3; i++ {
+		o, _, err := s.Create(ctx, req(fmt.Sprint("btc-", i), btc, 150_000))
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, _ := d.Address(uint32(i))
+		if o.PayAddress != want || o.PayAmount.Int64() != 150_000 {
+			t.Fatalf("order %d: %s %s, want %s", i, o.PayAddress, o.PayAmount, want)
+		}
+		seen = append(seen, o.PayAddress)
+	}
+	// A restart (a new Store over the same database) continues the index.
+	s2, _ := newStore(t, db)
+	o, _, err := s2.Create(ctx, req("btc-after-restart", btc, 1))
+	want, _ := d.Address(3)
+	if err != nil || o.PayAddress != want {
+		t.Fatalf("after restart: %s (%v), want index 3 %s", o.PayAddress, err, want)
+	}
+	// A failed creation does not burn an index.
+	if _, _, err := s2.Create(ctx, req("btc-after-restart", btc, 2)); paywatch.ErrorCode(err) != paywatch.CodeConflict {
+		t.Fatalf("conflict expected, got %v", err)
+	}
+	o, _, _ = s2.Create(ctx, req("btc-5", btc, 2))
+	if want, _ := d.Address(4); o.PayAddress != want {
+		t.Fatalf("index after conflict: %s, want %s", o.PayAddress, want)
+	}
+}
+
+func TestConcurrentPerOrderIndexes(t *testing.T) {
+	db := pgtest.New(t)
+	s, _ := newStore(t, db)
+	var wg sync.WaitGroup
+	for i := 0; i < 50; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			if _, _, err := s.Create(context.Background(), req(fmt.Sprint("b", i), btc, 1000)); err != nil {
+				t.Error(err)
+			}
+		}(i)
+	}
+	wg.Wait()
+	var distinct, maxIdx int
+	if err := db.QueryRow("SELECT count(DISTINCT pay_address), max(derivation_index) FROM orders").Scan(&distinct, &maxIdx); err != nil {
+		t.Fatal(err)
+	}
+	if distinct != 50 || maxIdx != 49 {
+		t.Fatalf("%d distinct addresses, max index %d; want 50 and 49", distinct, maxIdx)
+	}
+}
+
+func TestIdempotentCreate(t *testing.T) {
+	db := pgtest.New(t)
+	s, _ := newStore(t, db)
+	ctx := context.Background()
+	r := req("k1", usdt, 5_000_000)
+	r.Metadata = json.RawMessage(`{"plan":"L40S-7d","n":1}`)
+	first, created, err := s.Create(ctx, r)
+	if err != nil || !created {
+		t.Fatal(err)
+	}
+	// same external_id, same content (metadata keys in another order)
+	r.Metadata = json.RawMessage(`{"n":1, "plan":"L40S-7d"}`)
+	again, created, err := s.Create(ctx, r)
+	if err != nil || created || again.ID != first.ID || again.PayAmount.Cmp(first.PayAmount) != 0 {
+		t.Fatalf("replay: %+v created=%v %v", again, created, err)
+	}
+	// same external_id, different amount
+	r2 := r
+	r2.Amount = big.NewInt(6_000_000)
+	if _, _, err := s.Create(ctx, r2); paywatch.ErrorCode(err) != paywatch.CodeConflict {
+		t.Fatalf("different body: %v", err)
+	}
+	// Idempotency-Key: same key, same body → same order; other body → conflict
+	k := req("k2", usdt, 7_000_000)
+	k.IdempotencyScope, k.IdempotencyKey = "storefront", "idem-1"
+	a, _, err := s.Create(ctx, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, created, err := s.Create(ctx, k)
+	if err != nil || created || b.ID != a.ID {
+		t.Fatalf("idempotent replay: %v %v", created, err)
+	}
+	k.ExternalID = "k3"
+	if _, _, err := s.Create(ctx, k); paywatch.ErrorCode(err) != paywatch.CodeConflict {
+		t.Fatalf("reused Idempotency-Key: %v", err)
+	}
+	if n := count(t, db, "orders"); n != 2 {
+		t.Fatalf("%d orders, want 2", n)
+	}
+}
+
+func TestConcurrentSameExternalID(t *testing.T) {
+	db := pgtest.New(t)
+	s, _ := newStore(t, db)
+	var wg sync.WaitGroup
+	ids := make(chan string, 20)
+	for i := 0; i < 20; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			o, _, err := s.Create(context.Background(), req("same", usdt, 1_000_000))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			ids <- o.ID
+		}()
+	}
+	wg.Wait()
+	close(ids)
+	first := ""
+	for id := range ids {
+		if first == "" {
+			first = id
+		}
+		if id != first {
+			t.Fatalf("two orders for one external_id: %s, %s", first, id)
+		}
+	}
+	if n := count(t, db, "orders"); n != 1 {
+		t.Fatalf("%d orders", n)
+	}
+	if n := count(t, db, "amount_slots"); n != 1 {
+		t.Fatalf("%d amount slots", n)
+	}
+}
+
+func TestMarkPaidAndCancel(t *testing.T) {
+	db := pgtest.New(t)
+	s, _ := newStore(t, db)
+	ctx := context.Background()
+	o, _, _ := s.Create(ctx, req("p", usdt, 1))
+	hash := "0x" + strings.Repeat("ab", 32)
+	paid, err := s.MarkPaid(ctx, o.ID, hash, "storefront")
+	if err != nil || paid.CustomerMarkedPaidAt == nil || paid.TxHashHint != hash {
+		t.Fatalf("mark paid: %+v %v", paid, err)
+	}
+	again, err := s.MarkPaid(ctx, o.ID, "", "storefront")
+	if err != nil || !again.CustomerMarkedPaidAt.Equal(*paid.CustomerMarkedPaidAt) || again.TxHashHint != hash {
+		t.Fatalf("second mark paid changed the order: %+v %v", again, err)
+	}
+	var hooks []string
+	if err := db.Select(&hooks, "SELECT type FROM webhook_outbox WHERE order_id = $1", o.ID); err != nil || len(hooks) != 1 || hooks[0] != orders.WebhookCustomerMarkedPaid {
+		t.Fatalf("outbox %v %v", hooks, err)
+	}
+	c, err := s.Cancel(ctx, o.ID, "storefront")
+	if err != nil || c.Status != paywatch.StatusCancelled {
+		t.Fatalf("cancel: %v %v", c, err)
+	}
+	if _, err := s.Cancel(ctx, o.ID, "storefront"); paywatch.ErrorCode(err) != paywatch.CodeInvalidState {
+		t.Fatalf("second cancel: %v", err)
+	}
+	if _, err := s.MarkPaid(ctx, o.ID, "", "storefront"); paywatch.ErrorCode(err) != paywatch.CodeInvalidState {
+		t.Fatalf("mark paid on cancelled: %v", err)
+	}
+	events, _ := s.Events(ctx, o.ID)
+	if len(events) != 3 || events[2].FromStatus != paywatch.StatusAwaitingPayment || events[2].ToStatus != paywatch.StatusCancelled {
+		t.Fatalf("timeline %+v", events)
+	}
+	if _, err := s.Cancel(ctx, "ord_nope", "x"); paywatch.ErrorCode(err) != paywatch.CodeNotFound {
+		t.Fatalf("missing order: %v", err)
+	}
+}
+
+func TestCancelRefusedWithMatchedTransfer(t *testing.T) {
+	db := pgtest.New(t)
+	s, _ := newStore(t, db)
+	ctx := context.Background()
+	o, _, _ := s.Create(ctx, req("m", usdt, 1))
+	pgtest.Exec(t, db, `INSERT INTO transfers (id, network, asset, asset_contract, tx_hash, tx_key, idx, to_address,
+		amount, block_number, block_hash, state, order_id, first_seen_at, updated_at)
+		VALUES ('trf_1', 'ethereum', 'USDT', $2, '0xaa', 'log', 0, $3, 1, 10, '0xbb', 'seen', $1, now(), now())`,
+		o.ID, usdt.Contract, usdt.Addresses[0])
+	if _, err := s.Cancel(ctx, o.ID, "storefront"); paywatch.ErrorCode(err) != paywatch.CodeInvalidState {
+		t.Fatalf("cancel with a matched transfer: %v", err)
+	}
+	got, _ := s.Get(ctx, o.ID)
+	if len(got.Transfers) != 1 || got.ReceivedAmount.Int64() != 1 || got.Transfers[0].Confirmations != 0 {
+		t.Fatalf("transfers %+v", got.Transfers)
+	}
+}
+
+func TestListPagination(t *testing.T) {
+	db := pgtest.New(t)
+	s, clk := newStore(t, db)
+	ctx := context.Background()
+	for i := 0; i < 7; i++ {
+		clk.Advance(time.Second)
+		if _, _, err := s.Create(ctx, req(fmt.Sprint("l", i), usdt, 100)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var got []string
+	cursor := ""
+	for pages := 0; ; pages++ {
+		page, next, err := s.List(ctx, orders.Filter{Limit: 3, Cursor: cursor})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, o := range page {
+			got = append(got, o.ExternalID)
+		}
+		if next == "" {
+			break
+		}
+		cursor = next
+		if pages > 5 {
+			t.Fatal("pagination does not end")
+		}
+	}
+	if strings.Join(got, ",") != "l6,l5,l4,l3,l2,l1,l0" {
+		t.Fatalf("pages gave %v", got)
+	}
+	one, _, err := s.List(ctx, orders.Filter{ExternalID: "l3", Limit: 50})
+	if err != nil || len(one) != 1 || one[0].ExternalID != "l3" {
+		t.Fatalf("by external id: %v %v", one, err)
+	}
+	none, _, err := s.List(ctx, orders.Filter{Status: paywatch.StatusSettled, Limit: 50})
+	if err != nil || len(none) != 0 {
+		t.Fatalf("settled: %v %v", none, err)
+	}
+	if _, _, err := s.List(ctx, orders.Filter{Limit: 5, Cursor: "garbage!"}); paywatch.ErrorCode(err) != paywatch.CodeInvalidRequest {
+		t.Fatalf("bad cursor: %v", err)
+	}
+}
