@@ -243,3 +243,109 @@ func (s *Store) attachTransfers(ctx context.Context, orders []*paywatch.Order) e
 	}
 	return nil
 }
+
+// TransferFilter selects transfers for ListTransfers.
+type TransferFilter struct {
+	Matched *bool
+	State   paywatch.TransferState
+	Network string
+	Asset   string
+	Limit   int
+	Cursor  string
+}
+
+// ListTransfers returns transfers newest first, and the next page's cursor.
+func (s *Store) ListTransfers(ctx context.Context, f TransferFilter) ([]paywatch.Transfer, string, error) {
+	var where []string
+	var args []any
+	add := func(cond string, v any) {
+		args = append(args, v)
+		where = append(where, fmt.Sprintf(cond, len(args)))
+	}
+	if f.Matched != nil {
+		if *f.Matched {
+			where = append(where, "t.order_id IS NOT NULL")
+		} else {
+			where = append(where, "t.order_id IS NULL")
+		}
+	}
+	if f.State != "" {
+		add("t.state = $%d", string(f.State))
+	}
+	if f.Network != "" {
+		add("t.network = $%d", f.Network)
+	}
+	if f.Asset != "" {
+		add("t.asset = $%d", f.Asset)
+	}
+	if f.Cursor != "" {
+		at, id, err := DecodeCursor(f.Cursor)
+		if err != nil {
+			return nil, "", err
+		}
+		args = append(args, at, id)
+		where = append(where, fmt.Sprintf("(t.first_seen_at, t.id) < ($%d, $%d)", len(args)-1, len(args)))
+	}
+	q := `SELECT ` + TransferColumns + ` FROM transfers t LEFT JOIN chain_cursors c ON c.network = t.network`
+	if len(where) > 0 {
+		q += " WHERE " + strings.Join(where, " AND ")
+	}
+	args = append(args, f.Limit+1)
+	q += fmt.Sprintf(" ORDER BY t.first_seen_at DESC, t.id DESC LIMIT $%d", len(args))
+	var rows []transferRow
+	if err := s.db.SelectContext(ctx, &rows, q, args...); err != nil {
+		return nil, "", fmt.Errorf("list transfers: %w", err)
+	}
+	next := ""
+	if len(rows) > f.Limit {
+		rows = rows[:f.Limit]
+		last := rows[len(rows)-1]
+		next = EncodeCursor(last.FirstSeenAt, last.ID)
+	}
+	out := make([]paywatch.Transfer, len(rows))
+	for i := range rows {
+		out[i] = rows[i].transfer()
+	}
+	return out, next, nil
+}
+
+// GetTransfer returns one transfer.
+func (s *Store) GetTransfer(ctx context.Context, id string) (*paywatch.Transfer, error) {
+	var rows []transferRow
+	if err := s.db.SelectContext(ctx, &rows, `SELECT `+TransferColumns+`
+		FROM transfers t LEFT JOIN chain_cursors c ON c.network = t.network WHERE t.id = $1`, id); err != nil {
+		return nil, fmt.Errorf("read transfer %s: %w", id, err)
+	}
+	if len(rows) == 0 {
+		return nil, paywatch.Errorf(paywatch.CodeNotFound, "no transfer %q", id)
+	}
+	t := rows[0].transfer()
+	return &t, nil
+}
+
+// ChainStatus is what a network's watcher last recorded.
+type ChainStatus struct {
+	Network    string    `db:"network"`
+	Cursor     *int64    `db:"block_number"`
+	CursorHash *string   `db:"block_hash"`
+	Head       *int64    `db:"head"`
+	LastError  *string   `db:"last_error"`
+	UpdatedAt  time.Time `db:"updated_at"`
+}
+
+// ChainStatuses returns the watchers' state per network name.
+func (s *Store) ChainStatuses(ctx context.Context) (map[string]ChainStatus, error) {
+	var rows []ChainStatus
+	if err := s.db.SelectContext(ctx, &rows, `SELECT network, block_number, block_hash, head, last_error, updated_at
+		FROM chain_cursors`); err != nil {
+		return nil, fmt.Errorf("read chain cursors: %w", err)
+	}
+	out := make(map[string]ChainStatus, len(rows))
+	for _, r := range rows {
+		out[r.Network] = r
+	}
+	return out, nil
+}
+
+// Ping checks that the database answers.
+func (s *Store) Ping(ctx context.Context) error { return s.db.PingContext(ctx) }

@@ -14,7 +14,6 @@ import (
 
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
-
 )
 
 // AddressSource derives the receiving address at an index (per-order mode).

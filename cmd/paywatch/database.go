@@ -1,0 +1,88 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/lib/pq"
+
+	"github.com/paywatch/paywatch/migrations"
+)
+
+// openDatabase connects to the configured database, creating it first when
+// the server answers but the database does not exist yet, and applies
+// pending migrations.
+func openDatabase(ctx context.Context, log *slog.Logger, dsn string) (*sqlx.DB, error) {
+	db, err := sqlx.Open("postgres", dsn)
+	if err != nil {
+		return nil, fmt.Errorf("database URL: %w", err)
+	}
+	db.SetMaxOpenConns(20)
+	db.SetMaxIdleConns(10)
+	db.SetConnMaxIdleTime(5 * time.Minute)
+	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	err = db.PingContext(pingCtx)
+	var pqErr *pq.Error
+	if errors.As(err, &pqErr) && pqErr.Code == "3D000" { // invalid_catalog_name
+		if err = createDatabase(pingCtx, dsn); err == nil {
+			log.Info("created database", "url", redact(dsn))
+			err = db.PingContext(pingCtx)
+		}
+	}
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("connect to %s: %w", redact(dsn), err)
+	}
+	applied, err := migrations.Up(ctx, db.DB)
+	if err != nil {
+		db.Close()
+		return nil, err
+	}
+	if len(applied) > 0 {
+		log.Info("applied migrations", "versions", applied)
+	}
+	return db, nil
+}
+
+func createDatabase(ctx context.Context, dsn string) error {
+	u, err := url.Parse(dsn)
+	if err != nil || u.Scheme == "" {
+		return fmt.Errorf("database does not exist (and the URL is not a postgres:// URL, so it cannot be created)")
+	}
+	name := strings.TrimPrefix(u.Path, "/")
+	u.Path = "/postgres"
+	admin, err := sql.Open("postgres", u.String())
+	if err != nil {
+		return err
+	}
+	defer admin.Close()
+	_, err = admin.ExecContext(ctx, "CREATE DATABASE "+pq.QuoteIdentifier(name))
+	var pqErr *pq.Error
+	if errors.As(err, &pqErr) && pqErr.Code == "42P04" { // created concurrently
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("create database %s: %w", name, err)
+	}
+	return nil
+}
+
+// redact hides the password of a database URL.
+func redact(dsn string) string {
+	u, err := url.Parse(dsn)
+	if err != nil || u.User == nil {
+		return dsn
+	}
+	if _, ok := u.User.Password(); ok {
+		u.User = url.UserPassword(u.User.Username(), "xxxxx")
+	}
+	return u.String()
+}

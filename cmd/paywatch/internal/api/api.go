@@ -1,0 +1,127 @@
+// Package api serves paywatch's HTTP API (API.md): the storefront's order
+// endpoints and the operators' views, behind bearer keys with roles.
+package api
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/paywatch/paywatch"
+	"github.com/paywatch/paywatch/cmd/paywatch/internal/config"
+	"github.com/paywatch/paywatch/reconcile/orders"
+)
+
+// MaxBodyBytes is the largest request body accepted.
+const MaxBodyBytes = 64 << 10
+
+// Store is what the API needs of the order store.
+type Store interface {
+	Create(ctx context.Context, req orders.CreateRequest) (*paywatch.Order, bool, error)
+	Get(ctx context.Context, id string) (*paywatch.Order, error)
+	List(ctx context.Context, f orders.Filter) ([]*paywatch.Order, string, error)
+	MarkPaid(ctx context.Context, id, txHash, actor string) (*paywatch.Order, error)
+	Cancel(ctx context.Context, id, actor string) (*paywatch.Order, error)
+	Events(ctx context.Context, id string) ([]paywatch.Event, error)
+	ListTransfers(ctx context.Context, f orders.TransferFilter) ([]paywatch.Transfer, string, error)
+	GetTransfer(ctx context.Context, id string) (*paywatch.Transfer, error)
+	ChainStatuses(ctx context.Context) (map[string]orders.ChainStatus, error)
+	Ping(ctx context.Context) error
+}
+
+var _ Store = (*orders.Store)(nil)
+
+// Server is the HTTP API.
+type Server struct {
+	cfg   *config.Config
+	store Store
+	keys  *keyring
+	log   *slog.Logger
+}
+
+// New returns the API over store, configured by cfg.
+func New(cfg *config.Config, store Store, log *slog.Logger) *Server {
+	return &Server{cfg: cfg, store: store, keys: newKeyring(cfg.APIKeys), log: log}
+}
+
+// Handler returns the routed API with logging and panic recovery.
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	route := func(method, path string, role config.Role, h handlerFunc) {
+		mux.Handle(method+" "+path, s.authorize(role, h))
+	}
+	// Storefront.
+	route("POST", "/v1/orders", config.RoleStorefront, s.createOrder)
+	route("GET", "/v1/orders", config.RoleStorefront, s.listOrders)
+	route("GET", "/v1/orders/{id}", config.RoleStorefront, s.getOrder)
+	route("POST", "/v1/orders/{id}/paid", config.RoleStorefront, s.markPaid)
+	route("POST", "/v1/orders/{id}/cancel", config.RoleStorefront, s.cancelOrder)
+	// Operators.
+	route("GET", "/v1/orders/{id}/events", config.RoleOperator, s.orderEvents)
+	route("GET", "/v1/transfers", config.RoleOperator, s.listTransfers)
+	route("GET", "/v1/transfers/{id}", config.RoleOperator, s.getTransfer)
+	route("GET", "/v1/networks", config.RoleOperator, s.listNetworks)
+	// Probes.
+	mux.HandleFunc("GET /healthz", s.healthz)
+	mux.HandleFunc("GET /readyz", s.readyz)
+	// Everything else answers in the API's error format.
+	for _, p := range []string{"/v1/orders", "/v1/orders/{id}", "/v1/orders/{id}/paid", "/v1/orders/{id}/cancel",
+		"/v1/orders/{id}/events", "/v1/transfers", "/v1/transfers/{id}", "/v1/networks", "/healthz", "/readyz"} {
+		mux.HandleFunc(p, func(w http.ResponseWriter, r *http.Request) {
+			writeError(w, paywatch.Errorf(paywatch.CodeInvalidRequest, "method %s is not allowed on %s", r.Method, r.URL.Path), http.StatusMethodNotAllowed)
+		})
+	}
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, paywatch.Errorf(paywatch.CodeNotFound, "no such endpoint: %s %s", r.Method, r.URL.Path), 0)
+	})
+	return s.logRequests(mux)
+}
+
+// handlerFunc is an API handler that returns an error instead of writing
+// it; errors are turned into responses in one place (writeError).
+type handlerFunc func(w http.ResponseWriter, r *http.Request, caller *config.APIKey) error
+
+func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	defer cancel()
+	if err := s.store.Ping(ctx); err != nil {
+		s.log.Warn("readiness check failed", "err", err)
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "database unavailable"})
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+}
+
+type statusRecorder struct {
+	http.ResponseWriter
+	status int
+}
+
+func (r *statusRecorder) WriteHeader(code int) {
+	r.status = code
+	r.ResponseWriter.WriteHeader(code)
+}
+
+func (s *Server) logRequests(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
+		defer func() {
+			if p := recover(); p != nil {
+				s.log.Error("handler panicked", "method", r.Method, "path", r.URL.Path, "panic", p)
+				writeError(rec, paywatch.Errorf(paywatch.CodeInternal, "internal error"), 0)
+			}
+			if r.URL.Path == "/healthz" || r.URL.Path == "/readyz" {
+				return
+			}
+			s.log.Info("request", "method", r.Method, "path", r.URL.Path, "status", rec.status,
+				"duration", time.Since(start).Round(time.Microsecond))
+		}()
+		next.ServeHTTP(rec, r)
+	})
+}

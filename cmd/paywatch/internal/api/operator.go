@@ -1,0 +1,88 @@
+package api
+
+import (
+	"net/http"
+	"time"
+
+	"github.com/paywatch/paywatch"
+	"github.com/paywatch/paywatch/cmd/paywatch/internal/config"
+	"github.com/paywatch/paywatch/reconcile/orders"
+)
+
+func (s *Server) listTransfers(w http.ResponseWriter, r *http.Request, _ *config.APIKey) error {
+	q, limit, err := query(r, "matched", "state", "network", "asset")
+	if err != nil {
+		return err
+	}
+	f := orders.TransferFilter{State: paywatch.TransferState(q.Get("state")), Network: q.Get("network"),
+		Asset: q.Get("asset"), Limit: limit, Cursor: q.Get("cursor")}
+	switch m := q.Get("matched"); m {
+	case "":
+	case "true", "false":
+		v := m == "true"
+		f.Matched = &v
+	default:
+		return paywatch.Errorf(paywatch.CodeInvalidRequest, "matched must be true or false")
+	}
+	switch f.State {
+	case "", paywatch.TransferSeen, paywatch.TransferConfirmed, paywatch.TransferOrphaned:
+	default:
+		return paywatch.Errorf(paywatch.CodeInvalidRequest, "state must be seen, confirmed or orphaned")
+	}
+	if err := s.checkNetwork(f.Network); err != nil {
+		return err
+	}
+	list, next, err := s.store.ListTransfers(r.Context(), f)
+	if err != nil {
+		return err
+	}
+	views := make([]transferView, len(list))
+	for i := range list {
+		views[i] = s.transferView(&list[i])
+	}
+	writeJSON(w, http.StatusOK, newList(views, next))
+	return nil
+}
+
+func (s *Server) getTransfer(w http.ResponseWriter, r *http.Request, _ *config.APIKey) error {
+	t, err := s.store.GetTransfer(r.Context(), r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, s.transferView(t))
+	return nil
+}
+
+type networkView struct {
+	Name       string     `json:"name"`
+	Family     string     `json:"family"`
+	Head       *int64     `json:"head"`
+	Cursor     *int64     `json:"cursor"`
+	CursorHash *string    `json:"cursor_hash"`
+	LagBlocks  *int64     `json:"lag_blocks"`
+	LastError  *string    `json:"last_error"`
+	UpdatedAt  *time.Time `json:"updated_at"`
+}
+
+func (s *Server) listNetworks(w http.ResponseWriter, r *http.Request, _ *config.APIKey) error {
+	statuses, err := s.store.ChainStatuses(r.Context())
+	if err != nil {
+		return err
+	}
+	views := make([]networkView, 0, len(s.cfg.Networks))
+	for _, n := range s.cfg.Networks {
+		v := networkView{Name: n.Name, Family: string(n.Family)}
+		if st, ok := statuses[n.Name]; ok {
+			v.Head, v.Cursor, v.CursorHash, v.LastError = st.Head, st.Cursor, st.CursorHash, st.LastError
+			at := st.UpdatedAt.UTC()
+			v.UpdatedAt = &at
+			if st.Head != nil && st.Cursor != nil {
+				lag := max(*st.Head-*st.Cursor, 0)
+				v.LagBlocks = &lag
+			}
+		}
+		views = append(views, v)
+	}
+	writeJSON(w, http.StatusOK, newList(views, ""))
+	return nil
+}

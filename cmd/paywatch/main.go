@@ -1,0 +1,92 @@
+// Command paywatch is the paywatch daemon and its operator tools: a
+// self-hosted crypto payment watcher and reconciliation service.
+//
+//	paywatch serve   --config FILE   the daemon: API, chain watchers, reconciler
+//	paywatch migrate --config FILE   apply pending database migrations, then exit
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+// Exit codes.
+const (
+	exitOK    = 0
+	exitError = 1
+	exitUsage = 2
+)
+
+// usageError marks errors in how the command was called or configured.
+type usageError struct{ err error }
+
+func (e usageError) Error() string { return e.err.Error() }
+func (e usageError) Unwrap() error { return e.err }
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr, os.Getenv))
+}
+
+// env is the process environment, injected so that tests can run commands
+// in-process.
+type env struct {
+	stdout, stderr io.Writer
+	getenv         func(string) string
+	log            *slog.Logger
+}
+
+const usage = `paywatch: a self-hosted crypto payment watcher and reconciliation daemon
+
+Usage:
+  paywatch serve   --config FILE   run the daemon: API, chain watchers, reconciler
+  paywatch migrate --config FILE   apply pending database migrations, then exit
+  paywatch help                    show this help
+
+See README.md for the configuration and the HTTP API.
+`
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
+	e := &env{stdout: stdout, stderr: stderr, getenv: getenv,
+		log: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: logLevel(getenv("PAYWATCH_LOG_LEVEL"))}))}
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return exitUsage
+	}
+	var err error
+	switch args[0] {
+	case "serve":
+		err = serveCommand(ctx, e, args[1:])
+	case "migrate":
+		err = migrateCommand(ctx, e, args[1:])
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+		return exitOK
+	default:
+		fmt.Fprintf(stderr, "paywatch: unknown command %q\n\n%s", args[0], usage)
+		return exitUsage
+	}
+	if err == nil {
+		return exitOK
+	}
+	fmt.Fprintf(stderr, "paywatch %s: %v\n", args[0], err)
+	if errors.As(err, new(usageError)) {
+		return exitUsage
+	}
+	return exitError
+}
+
+func logLevel(s string) slog.Level {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(s)); err != nil {
+		return slog.LevelInfo
+	}
+	return l
+}
