@@ -53,7 +53,9 @@ func Version(ctx context.Context, db *sql.DB) (current, latest int64, err error)
 }
 
 func provider(db *sql.DB) (*goose.Provider, error) {
-	locker, err := lock.NewPostgresSessionLocker()
+	// Poll the lock every second for up to five minutes: a daemon starting
+	// beside another that is migrating waits for it.
+	locker, err := lock.NewPostgresSessionLocker(lock.WithLockTimeout(1, 300))
 	if err != nil {
 		return nil, fmt.Errorf("migration lock: %w", err)
 	}

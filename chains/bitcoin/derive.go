@@ -13,6 +13,8 @@ import (
 	"github.com/btcsuite/btcd/btcutil/hdkeychain"
 	"github.com/btcsuite/btcd/chaincfg"
 	"github.com/btcsuite/btcd/txscript"
+
+	"github.com/paywatch/paywatch"
 )
 
 // Script types of derived addresses.
@@ -185,4 +187,34 @@ func ValidTxHash(s string) bool {
 	}
 	_, err := hex.DecodeString(s)
 	return err == nil
+}
+
+// Wallets holds one Deriver per configured extended public key.
+type Wallets map[string]*Deriver
+
+// NewWallets builds the derivers of every per-order asset of networks.
+func NewWallets(networks []*paywatch.Network) (Wallets, error) {
+	w := Wallets{}
+	for _, n := range networks {
+		for _, a := range n.Assets {
+			if a.Mode != paywatch.ModePerOrder {
+				continue
+			}
+			d, err := NewDeriver(a.XPub, n.Chain, a.ScriptType)
+			if err != nil {
+				return nil, fmt.Errorf("%s %s: %w", n.Name, a.Symbol, err)
+			}
+			w[a.XPub] = d
+		}
+	}
+	return w, nil
+}
+
+// Address derives the address at index i of the wallet with extended key xpub.
+func (w Wallets) Address(xpub string, i uint32) (string, error) {
+	d, ok := w[xpub]
+	if !ok {
+		return "", fmt.Errorf("no wallet for extended key %.12s…", xpub)
+	}
+	return d.Address(i)
 }

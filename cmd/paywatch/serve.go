@@ -12,7 +12,6 @@ import (
 
 	"github.com/jmoiron/sqlx"
 
-	"github.com/paywatch/paywatch"
 	"github.com/paywatch/paywatch/chains/bitcoin"
 	"github.com/paywatch/paywatch/cmd/paywatch/internal/api"
 	"github.com/paywatch/paywatch/cmd/paywatch/internal/config"
@@ -80,7 +79,7 @@ type daemon struct {
 }
 
 func newDaemon(ctx context.Context, log *slog.Logger, cfg *config.Config) (*daemon, error) {
-	sources, err := addressSources(cfg)
+	wallets, err := bitcoin.NewWallets(cfg.Networks)
 	if err != nil {
 		return nil, err
 	}
@@ -88,7 +87,7 @@ func newDaemon(ctx context.Context, log *slog.Logger, cfg *config.Config) (*daem
 	if err != nil {
 		return nil, err
 	}
-	store := orders.NewStore(db, cfg.Orders.MonitoringWindow, sources)
+	store := orders.NewStore(db, cfg.Orders.MonitoringWindow, wallets)
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		db.Close()
@@ -103,24 +102,6 @@ func newDaemon(ctx context.Context, log *slog.Logger, cfg *config.Config) (*daem
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 	return &daemon{log: log, cfg: cfg, db: db, listener: ln, http: srv}, nil
-}
-
-// addressSources builds the per-order address derivers of the configuration.
-func addressSources(cfg *config.Config) (map[string]orders.AddressSource, error) {
-	sources := map[string]orders.AddressSource{}
-	for _, n := range cfg.Networks {
-		for _, a := range n.Assets {
-			if a.Mode != paywatch.ModePerOrder {
-				continue
-			}
-			d, err := bitcoin.NewDeriver(a.XPub, n.Chain, a.ScriptType)
-			if err != nil {
-				return nil, fmt.Errorf("%s %s: %w", n.Name, a.Symbol, err)
-			}
-			sources[a.XPub] = d
-		}
-	}
-	return sources, nil
 }
 
 // Run serves until ctx is cancelled, then drains in-flight requests.

@@ -139,9 +139,8 @@ func (s *Store) insert(ctx context.Context, req *CreateRequest, hash []byte) (st
 			}
 			o.PayAddress, o.PayAmount, o.UniqueK = slot.address, slot.payAmount.String(), &slot.k
 		case paywatch.ModePerOrder:
-			src := s.Sources[a.XPub]
-			if src == nil {
-				return fmt.Errorf("no address source for %s on %s", a.Symbol, a.Network)
+			if s.Addresses == nil {
+				return fmt.Errorf("no address book for %s on %s", a.Symbol, a.Network)
 			}
 			var index int64
 			if err := tx.GetContext(ctx, &index, `INSERT INTO derivation_counters (derivation_key, next_index) VALUES ($1, 1)
@@ -149,7 +148,7 @@ func (s *Store) insert(ctx context.Context, req *CreateRequest, hash []byte) (st
 				RETURNING next_index - 1`, a.XPub); err != nil {
 				return fmt.Errorf("take derivation index: %w", err)
 			}
-			addr, err := src.Address(uint32(index))
+			addr, err := s.Addresses.Address(a.XPub, uint32(index))
 			if err != nil {
 				return err
 			}

@@ -16,9 +16,10 @@ import (
 	"github.com/lib/pq"
 )
 
-// AddressSource derives the receiving address at an index (per-order mode).
-type AddressSource interface {
-	Address(index uint32) (string, error)
+// AddressBook derives the receiving address at an index below an extended
+// public key (per-order mode).
+type AddressBook interface {
+	Address(xpub string, index uint32) (string, error)
 }
 
 // Store reads and writes order dossiers.
@@ -29,13 +30,13 @@ type Store struct {
 	// MonitoringWindow is how long after expiry payments are still matched
 	// (and an amount slot stays held).
 	MonitoringWindow time.Duration
-	// Sources derive per-order addresses, keyed by extended public key.
-	Sources map[string]AddressSource
+	// Addresses derives per-order addresses.
+	Addresses AddressBook
 }
 
 // NewStore returns a Store over db.
-func NewStore(db *sqlx.DB, monitoringWindow time.Duration, sources map[string]AddressSource) *Store {
-	return &Store{db: db, Now: time.Now, MonitoringWindow: monitoringWindow, Sources: sources}
+func NewStore(db *sqlx.DB, monitoringWindow time.Duration, addresses AddressBook) *Store {
+	return &Store{db: db, Now: time.Now, MonitoringWindow: monitoringWindow, Addresses: addresses}
 }
 
 // now returns the clock's time in the precision PostgreSQL keeps.

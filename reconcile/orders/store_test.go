@@ -47,7 +47,7 @@ func newStore(t *testing.T, db *sqlx.DB) (*orders.Store, *clock) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := orders.NewStore(db, 24*time.Hour, map[string]orders.AddressSource{vpub: d})
+	s := orders.NewStore(db, 24*time.Hour, bitcoin.Wallets{vpub: d})
 	c := &clock{t: time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC)}
 	s.Now = c.Now
 	return s, c

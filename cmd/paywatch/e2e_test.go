@@ -1,0 +1,296 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/paywatch/paywatch/migrations/pgtest"
+)
+
+const (
+	e2eStorefrontKey = "sf_e2e_0123456789abcdef"
+	e2eOperatorKey   = "op_e2e_0123456789abcdef"
+)
+
+// buildBinary compiles paywatch once per test run.
+var buildBinary = sync.OnceValues(func() (string, error) {
+	dir, err := os.MkdirTemp("", "paywatch-e2e-")
+	if err != nil {
+		return "", err
+	}
+	bin := filepath.Join(dir, "paywatch")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("go build: %v\n%s", err, out)
+	}
+	return bin, nil
+})
+
+type daemonProcess struct {
+	t    *testing.T
+	cmd  *exec.Cmd
+	url  string
+	logs *bytes.Buffer
+	done chan error
+}
+
+// writeConfig writes the example configuration with the listen address
+// replaced by port 0 and rpc nodes that are not running.
+func writeConfig(t *testing.T) string {
+	t.Helper()
+	data, err := os.ReadFile("paywatch.example.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := strings.Replace(string(data), "listen: 127.0.0.1:8080", "listen: 127.0.0.1:0", 1)
+	doc = strings.ReplaceAll(doc, "http://127.0.0.1:8545", "http://127.0.0.1:9") // nothing listens there
+	path := filepath.Join(t.TempDir(), "paywatch.yaml")
+	if err := os.WriteFile(path, []byte(doc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func daemonEnv(dbURL string) []string {
+	return append(os.Environ(),
+		"PAYWATCH_DATABASE_URL="+dbURL,
+		"PAYWATCH_STOREFRONT_KEY="+e2eStorefrontKey,
+		"PAYWATCH_OPERATOR_KEY="+e2eOperatorKey,
+		"PAYWATCH_WEBHOOK_SECRET=whsec_e2e",
+		"PAYWATCH_BTC_RPC_USER=user",
+		"PAYWATCH_BTC_RPC_PASS=pass")
+}
+
+var listenLine = regexp.MustCompile(`msg="paywatch listening" addr=(\S+)`)
+
+func startDaemon(t *testing.T, configPath, dbURL string) *daemonProcess {
+	t.Helper()
+	bin, err := buildBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "serve", "--config", configPath)
+	cmd.Env = daemonEnv(dbURL)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	d := &daemonProcess{t: t, cmd: cmd, logs: &bytes.Buffer{}, done: make(chan error, 1)}
+	addr := make(chan string, 1)
+	var mu sync.Mutex
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			mu.Lock()
+			d.logs.WriteString(sc.Text() + "\n")
+			mu.Unlock()
+			if m := listenLine.FindStringSubmatch(sc.Text()); m != nil {
+				addr <- m[1]
+			}
+		}
+		d.done <- cmd.Wait()
+	}()
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			_ = cmd.Process.Kill()
+		}
+		if t.Failed() {
+			mu.Lock()
+			t.Logf("daemon logs:\n%s", d.logs)
+			mu.Unlock()
+		}
+	})
+	select {
+	case a := <-addr:
+		d.url = "http://" + a
+	case err := <-d.done:
+		t.Fatalf("daemon exited before listening: %v\n%s", err, d.logs)
+	case <-time.After(60 * time.Second):
+		t.Fatalf("daemon did not start:\n%s", d.logs)
+	}
+	return d
+}
+
+// stop sends SIGTERM and returns the exit code.
+func (d *daemonProcess) stop() int {
+	d.t.Helper()
+	_ = d.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-d.done:
+	case <-time.After(40 * time.Second):
+		d.t.Fatal("daemon did not stop after SIGTERM")
+	}
+	return d.cmd.ProcessState.ExitCode()
+}
+
+func (d *daemonProcess) call(method, path, key, body string) (int, map[string]any) {
+	d.t.Helper()
+	req, _ := http.NewRequest(method, d.url+path, strings.NewReader(body))
+	if key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
+	}
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	defer res.Body.Close()
+	raw, _ := io.ReadAll(res.Body)
+	var v map[string]any
+	if err := json.Unmarshal(raw, &v); err != nil {
+		d.t.Fatalf("%s %s: %d %s", method, path, res.StatusCode, raw)
+	}
+	return res.StatusCode, v
+}
+
+func TestEndToEnd(t *testing.T) {
+	dbURL := pgtest.NewURL(t)
+	configPath := writeConfig(t)
+	bin, err := buildBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	migrate := exec.Command(bin, "migrate", "--config", configPath)
+	migrate.Env = daemonEnv(dbURL)
+	if out, err := migrate.CombinedOutput(); err != nil || !strings.Contains(string(out), "up to date") {
+		t.Fatalf("migrate: %v\n%s", err, out)
+	}
+
+	d := startDaemon(t, configPath, dbURL)
+	if code, _ := d.call("GET", "/healthz", "", ""); code != 200 {
+		t.Fatalf("healthz %d", code)
+	}
+	code, o := d.call("POST", "/v1/orders", e2eStorefrontKey,
+		`{"external_id":"kd-1","network":"ethereum","asset":"USDT","amount":"1234.00","metadata":{"plan":"L40S-7d"}}`)
+	if code != 201 || o["pay_amount"] != "1234" || o["status"] != "awaiting_payment" {
+		t.Fatalf("create: %d %v", code, o)
+	}
+	id := o["id"].(string)
+	code, b1 := d.call("POST", "/v1/orders", e2eStorefrontKey, `{"external_id":"btc-1","network":"bitcoin","asset":"BTC","amount":"0.001"}`)
+	if code != 201 {
+		t.Fatalf("bitcoin order: %d %v", code, b1)
+	}
+	if code, e := d.call("POST", "/v1/orders", e2eStorefrontKey, `{"external_id":"x","network":"ethereum","asset":"USDT","amount":"1.0000001"}`); code != 400 {
+		t.Fatalf("bad amount: %d %v", code, e)
+	}
+	if code, p := d.call("POST", "/v1/orders/"+id+"/paid", e2eStorefrontKey, `{"tx_hash":"0x`+strings.Repeat("1f", 32)+`"}`); code != 200 || p["customer_marked_paid_at"] == nil {
+		t.Fatalf("paid: %d %v", code, p)
+	}
+	if code, n := d.call("GET", "/v1/networks", e2eOperatorKey, ""); code != 200 || len(n["data"].([]any)) != 2 {
+		t.Fatalf("networks: %d %v", code, n)
+	}
+	if code := d.stop(); code != 0 {
+		t.Fatalf("exit code after SIGTERM: %d", code)
+	}
+
+	// A restart loses nothing and continues the derivation index.
+	d2 := startDaemon(t, configPath, dbURL)
+	code, got := d2.call("GET", "/v1/orders/"+id, e2eStorefrontKey, "")
+	if code != 200 || got["customer_marked_paid_at"] == nil || got["pay_amount"] != "1234" {
+		t.Fatalf("after restart: %d %v", code, got)
+	}
+	code, b2 := d2.call("POST", "/v1/orders", e2eStorefrontKey, `{"external_id":"btc-2","network":"bitcoin","asset":"BTC","amount":"0.001"}`)
+	if code != 201 || b2["pay_address"] == b1["pay_address"] {
+		t.Fatalf("second bitcoin order reuses an address: %v / %v", b1["pay_address"], b2["pay_address"])
+	}
+	db, err := sql.Open("postgres", dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var indexes string
+	if err := db.QueryRow(`SELECT string_agg(derivation_index::text, ',' ORDER BY derivation_index) FROM orders WHERE network = 'bitcoin'`).Scan(&indexes); err != nil || indexes != "0,1" {
+		t.Fatalf("derivation indexes %q (%v), want 0,1", indexes, err)
+	}
+	if code := d2.stop(); code != 0 {
+		t.Fatalf("exit code: %d", code)
+	}
+}
+
+// SIGTERM lets a request in flight finish before the process exits 0.
+func TestGracefulShutdownDrains(t *testing.T) {
+	dbURL := pgtest.NewURL(t)
+	d := startDaemon(t, writeConfig(t), dbURL)
+	// A request whose body arrives slowly is in flight while SIGTERM lands.
+	pr, pw := io.Pipe()
+	req, _ := http.NewRequest("POST", d.url+"/v1/orders", pr)
+	req.Header.Set("Authorization", "Bearer "+e2eStorefrontKey)
+	result := make(chan int, 1)
+	go func() {
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			result <- -1
+			return
+		}
+		res.Body.Close()
+		result <- res.StatusCode
+	}()
+	fmt.Fprint(pw, `{"external_id":"slow","network":"ethereum",`)
+	time.Sleep(300 * time.Millisecond)
+	_ = d.cmd.Process.Signal(syscall.SIGTERM)
+	time.Sleep(300 * time.Millisecond)
+	fmt.Fprint(pw, `"asset":"USDT","amount":"5"}`)
+	pw.Close()
+	if code := <-result; code != 201 {
+		t.Fatalf("in-flight request got %d, want 201", code)
+	}
+	select {
+	case <-d.done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no exit")
+	}
+	if code := d.cmd.ProcessState.ExitCode(); code != 0 {
+		t.Fatalf("exit code %d", code)
+	}
+}
+
+// An invalid configuration exits 2 before anything touches the database.
+func TestInvalidConfigTouchesNothing(t *testing.T) {
+	bin, err := buildBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "bad.yaml")
+	data, _ := os.ReadFile("paywatch.example.yaml")
+	bad := strings.Replace(string(data), "decimals: 6", "decimals: 6\n        colour: blue", 1)
+	if err := os.WriteFile(path, []byte(bad), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	u := pgtest.ServerURL()
+	name := fmt.Sprintf("paywatch_never_%d", time.Now().UnixNano())
+	dbURL := strings.Replace(u, "/postgres?", "/"+name+"?", 1)
+	for _, sub := range []string{"serve", "migrate"} {
+		cmd := exec.Command(bin, sub, "--config", path)
+		cmd.Env = daemonEnv(dbURL)
+		out, err := cmd.CombinedOutput()
+		if cmd.ProcessState.ExitCode() != 2 || !strings.Contains(string(out), "field colour not found") {
+			t.Fatalf("%s: %v\n%s", sub, err, out)
+		}
+	}
+	admin, err := sql.Open("postgres", u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	var exists bool
+	if err := admin.QueryRowContext(context.Background(), `SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)`, name).Scan(&exists); err != nil || exists {
+		t.Fatalf("database created despite an invalid config (exists=%v, %v)", exists, err)
+	}
+}

@@ -1,0 +1,345 @@
+package api_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/jmoiron/sqlx"
+
+	"github.com/paywatch/paywatch/chains/bitcoin"
+	"github.com/paywatch/paywatch/cmd/paywatch/internal/api"
+	"github.com/paywatch/paywatch/cmd/paywatch/internal/config"
+	"github.com/paywatch/paywatch/migrations/pgtest"
+	"github.com/paywatch/paywatch/reconcile/orders"
+)
+
+const (
+	storefrontKey = "sf_test_0123456789abcdef"
+	operatorKey   = "op_test_0123456789abcdef"
+	vpub          = "vpub5Y6cjg78GGuNLsaPhmYsiw4gYX3HoQiRBiSwDaBXKUafCt9bNwWQiitDk5VZ5BVxYnQdwoTyXSs2JHRPAgjAvtbBrf8ZhDYe2jWAqvZVnsc"
+)
+
+const testConfig = `
+database_url_env: DB
+api_keys:
+  - {name: shop, role: storefront, key_env: SF_KEY}
+  - {name: alice, role: operator, key_env: OP_KEY}
+networks:
+  - name: ethereum
+    family: evm
+    rpc_urls: [http://127.0.0.1:1]
+    chain_id: 1337
+    confirmations: 3
+    assets:
+      - symbol: USDT
+        contract: "0xdAC17F958D2ee523a2206206994597C13D831ec7"
+        decimals: 6
+        unique_step: "0.000001"
+        max_amount: "1000000"
+        receive: {addresses: ["0x1111111111111111111111111111111111111111"]}
+      - symbol: ONE
+        contract: "0x2222222222222222222222222222222222222222"
+        decimals: 2
+        unique_step: "0.01"
+        unique_slots: 1
+        receive: {addresses: ["0x1111111111111111111111111111111111111111"]}
+  - name: bitcoin
+    family: bitcoin
+    rpc_urls: [http://127.0.0.1:2]
+    chain: regtest
+    confirmations: 2
+    assets:
+      - symbol: BTC
+        native: true
+        decimals: 8
+        receive: {xpub: "` + vpub + `"}
+`
+
+type fixture struct {
+	t   *testing.T
+	db  *sqlx.DB
+	srv *httptest.Server
+}
+
+func newFixture(t *testing.T) *fixture {
+	t.Helper()
+	db := pgtest.New(t)
+	cfg, err := config.Parse([]byte(testConfig), func(k string) string {
+		return map[string]string{"DB": "unused", "SF_KEY": storefrontKey, "OP_KEY": operatorKey}[k]
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wallets, err := bitcoin.NewWallets(cfg.Networks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := orders.NewStore(db, cfg.Orders.MonitoringWindow, wallets)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	srv := httptest.NewServer(api.New(cfg, store, log).Handler())
+	t.Cleanup(srv.Close)
+	return &fixture{t: t, db: db, srv: srv}
+}
+
+type response struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+func (r response) code() string    { c, _ := r.errorBody(); return c }
+func (r response) message() string { _, m := r.errorBody(); return m }
+
+func (r response) errorBody() (code, message string) {
+	var e struct {
+		Error struct{ Code, Message string } `json:"error"`
+	}
+	_ = json.Unmarshal(r.body, &e)
+	return e.Error.Code, e.Error.Message
+}
+
+func (r response) decode(t *testing.T, v any) {
+	t.Helper()
+	if err := json.Unmarshal(r.body, v); err != nil {
+		t.Fatalf("decode %s: %v", r.body, err)
+	}
+}
+
+func (f *fixture) do(method, path, key, body string, headers ...string) response {
+	f.t.Helper()
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, err := http.NewRequest(method, f.srv.URL+path, rd)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	if key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
+	}
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
+	}
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	return response{status: res.StatusCode, header: res.Header, body: b}
+}
+
+// rows counts what requests may write, to prove a rejected one wrote nothing.
+func (f *fixture) rows() [4]int {
+	var n [4]int
+	for i, table := range []string{"orders", "order_events", "webhook_outbox", "amount_slots"} {
+		if err := f.db.Get(&n[i], "SELECT count(*) FROM "+table); err != nil {
+			f.t.Fatal(err)
+		}
+	}
+	return n
+}
+
+type orderJSON struct {
+	ID                    string          `json:"id"`
+	ExternalID            string          `json:"external_id"`
+	Status                string          `json:"status"`
+	Amount                string          `json:"amount"`
+	PayAmount             string          `json:"pay_amount"`
+	PayAddress            string          `json:"pay_address"`
+	AssetContract         *string         `json:"asset_contract"`
+	DisputeReason         *string         `json:"dispute_reason"`
+	CustomerMarkedPaidAt  *string         `json:"customer_marked_paid_at"`
+	TxHashHint            *string         `json:"tx_hash_hint"`
+	ReceivedAmount        string          `json:"received_amount"`
+	RequiredConfirmations int             `json:"required_confirmations"`
+	Transfers             []any           `json:"transfers"`
+	Metadata              json.RawMessage `json:"metadata"`
+	ExpiresAt             string          `json:"expires_at"`
+	CreatedAt             string          `json:"created_at"`
+}
+
+const createBody = `{"external_id": "kd-2026-000123", "network": "ethereum", "asset": "USDT",
+	"amount": "1234.00", "expires_in_seconds": 3600, "metadata": {"plan": "L40S-7d"}}`
+
+func TestCreateAndRead(t *testing.T) {
+	f := newFixture(t)
+	res := f.do("POST", "/v1/orders", storefrontKey, createBody)
+	if res.status != http.StatusCreated {
+		t.Fatalf("create: %d %s", res.status, res.body)
+	}
+	var o orderJSON
+	res.decode(t, &o)
+	if o.Status != "awaiting_payment" || o.Amount != "1234" || o.PayAmount != "1234" || o.ReceivedAmount != "0" ||
+		o.RequiredConfirmations != 3 || o.DisputeReason != nil || o.CustomerMarkedPaidAt != nil ||
+		*o.AssetContract != "0xdAC17F958D2ee523a2206206994597C13D831ec7" || !jsonEqual(o.Metadata, `{"plan":"L40S-7d"}`) ||
+		o.Transfers == nil {
+		t.Fatalf("order %s", res.body)
+	}
+	// A second order for the same amount pays one step more.
+	res2 := f.do("POST", "/v1/orders", storefrontKey, strings.Replace(createBody, "000123", "000124", 1))
+	var o2 orderJSON
+	res2.decode(t, &o2)
+	if res2.status != 201 || o2.PayAmount != "1234.000001" {
+		t.Fatalf("second order: %d %s", res2.status, res2.body)
+	}
+	// Replays return the same order with 200.
+	again := f.do("POST", "/v1/orders", storefrontKey, createBody)
+	var o3 orderJSON
+	again.decode(t, &o3)
+	if again.status != 200 || o3.ID != o.ID {
+		t.Fatalf("replay: %d %s", again.status, again.body)
+	}
+	idem := f.do("POST", "/v1/orders", storefrontKey, strings.Replace(createBody, "000123", "000200", 1), "Idempotency-Key", "k-1")
+	idem2 := f.do("POST", "/v1/orders", storefrontKey, strings.Replace(createBody, "000123", "000200", 1), "Idempotency-Key", "k-1")
+	if idem.status != 201 || idem2.status != 200 {
+		t.Fatalf("idempotency key: %d then %d", idem.status, idem2.status)
+	}
+	// Reads, by either role.
+	for _, key := range []string{storefrontKey, operatorKey} {
+		got := f.do("GET", "/v1/orders/"+o.ID, key, "")
+		if got.status != 200 || !bytes.Equal(got.body, res.body) {
+			t.Fatalf("get: %d\n%s\nwant\n%s", got.status, got.body, res.body)
+		}
+	}
+	var list struct {
+		Data       []orderJSON `json:"data"`
+		NextCursor *string     `json:"next_cursor"`
+	}
+	f.do("GET", "/v1/orders?external_id=kd-2026-000123", storefrontKey, "").decode(t, &list)
+	if len(list.Data) != 1 || list.Data[0].ID != o.ID || list.NextCursor != nil {
+		t.Fatalf("by external id: %+v", list)
+	}
+	f.do("GET", "/v1/orders?limit=2", storefrontKey, "").decode(t, &list)
+	if len(list.Data) != 2 || list.NextCursor == nil {
+		t.Fatalf("page 1: %+v", list)
+	}
+	f.do("GET", "/v1/orders?limit=2&cursor="+*list.NextCursor, storefrontKey, "").decode(t, &list)
+	if len(list.Data) != 1 || list.Data[0].ID != o.ID || list.NextCursor != nil {
+		t.Fatalf("page 2: %+v", list)
+	}
+	// Per-order address on bitcoin.
+	btc := f.do("POST", "/v1/orders", storefrontKey, `{"external_id":"b1","network":"bitcoin","asset":"BTC","amount":"0.0015"}`)
+	var b orderJSON
+	btc.decode(t, &b)
+	if btc.status != 201 || !strings.HasPrefix(b.PayAddress, "bcrt1q") || b.PayAmount != "0.0015" || b.AssetContract != nil {
+		t.Fatalf("bitcoin order: %s", btc.body)
+	}
+}
+
+func TestPaidCancelAndTimeline(t *testing.T) {
+	f := newFixture(t)
+	var o orderJSON
+	f.do("POST", "/v1/orders", storefrontKey, createBody).decode(t, &o)
+	hash := "0x" + strings.Repeat("0a", 32)
+	res := f.do("POST", "/v1/orders/"+o.ID+"/paid", storefrontKey, `{"tx_hash":"`+hash+`"}`)
+	var paid orderJSON
+	res.decode(t, &paid)
+	if res.status != 200 || paid.CustomerMarkedPaidAt == nil || *paid.TxHashHint != hash {
+		t.Fatalf("paid: %d %s", res.status, res.body)
+	}
+	// Idempotent: body optional, order unchanged.
+	res = f.do("POST", "/v1/orders/"+o.ID+"/paid", storefrontKey, "")
+	var again orderJSON
+	res.decode(t, &again)
+	if res.status != 200 || *again.CustomerMarkedPaidAt != *paid.CustomerMarkedPaidAt {
+		t.Fatalf("second paid: %s", res.body)
+	}
+	res = f.do("POST", "/v1/orders/"+o.ID+"/cancel", storefrontKey, "")
+	var c orderJSON
+	res.decode(t, &c)
+	if res.status != 200 || c.Status != "cancelled" {
+		t.Fatalf("cancel: %d %s", res.status, res.body)
+	}
+	var events []struct {
+		Type, Actor string
+		FromStatus  *string         `json:"from_status"`
+		ToStatus    *string         `json:"to_status"`
+		Detail      json.RawMessage `json:"detail"`
+	}
+	ev := f.do("GET", "/v1/orders/"+o.ID+"/events", operatorKey, "")
+	ev.decode(t, &events)
+	if ev.status != 200 || len(events) != 3 || events[0].Type != "created" || events[1].Type != "customer_marked_paid" ||
+		events[2].Type != "status_changed" || *events[2].ToStatus != "cancelled" || events[2].Actor != "shop" {
+		t.Fatalf("timeline: %s", ev.body)
+	}
+	var hooks []string
+	if err := f.db.Select(&hooks, "SELECT type FROM webhook_outbox ORDER BY created_at, type"); err != nil ||
+		strings.Join(hooks, ",") != "order.customer_marked_paid,order.cancelled" {
+		t.Fatalf("outbox %v %v", hooks, err)
+	}
+}
+
+func TestOperatorViews(t *testing.T) {
+	f := newFixture(t)
+	var list struct {
+		Data []struct {
+			Name      string  `json:"name"`
+			Head      *int64  `json:"head"`
+			Cursor    *int64  `json:"cursor"`
+			LastError *string `json:"last_error"`
+		} `json:"data"`
+	}
+	res := f.do("GET", "/v1/networks", operatorKey, "")
+	res.decode(t, &list)
+	if res.status != 200 || len(list.Data) != 2 || list.Data[0].Name != "ethereum" || list.Data[0].Head != nil || list.Data[1].Cursor != nil {
+		t.Fatalf("networks: %s", res.body)
+	}
+	res = f.do("GET", "/v1/transfers?matched=false", operatorKey, "")
+	if res.status != 200 || string(bytes.TrimSpace(res.body)) != `{"data":[],"next_cursor":null}` {
+		t.Fatalf("transfers: %d %s", res.status, res.body)
+	}
+	pgtest.Exec(t, f.db, `INSERT INTO chain_cursors (network, block_number, block_hash, head, updated_at) VALUES ('ethereum', 100, '0xab', 104, now())`)
+	pgtest.Exec(t, f.db, `INSERT INTO transfers (id, network, asset, asset_contract, tx_hash, tx_key, idx, from_address, to_address,
+		amount, block_number, block_hash, state, flags, first_seen_at, updated_at)
+		VALUES ('trf_a', 'ethereum', 'USDT', '0xdAC17F958D2ee523a2206206994597C13D831ec7', '0xaa', 'log', 7, '0xfrom',
+		'0x1111111111111111111111111111111111111111', 10000317, 102, '0xbb', 'seen', '{dust}', now(), now())`)
+	var tr struct {
+		Data []struct {
+			ID            string   `json:"id"`
+			Amount        string   `json:"amount"`
+			Confirmations int      `json:"confirmations"`
+			Index         int      `json:"index"`
+			OrderID       *string  `json:"order_id"`
+			Flags         []string `json:"flags"`
+		} `json:"data"`
+	}
+	f.do("GET", "/v1/transfers?matched=false&network=ethereum&state=seen", operatorKey, "").decode(t, &tr)
+	if len(tr.Data) != 1 || tr.Data[0].Amount != "10.000317" || tr.Data[0].Confirmations != 3 || tr.Data[0].Index != 7 ||
+		tr.Data[0].OrderID != nil || len(tr.Data[0].Flags) != 1 {
+		t.Fatalf("transfers: %+v", tr)
+	}
+	if res := f.do("GET", "/v1/transfers/trf_a", operatorKey, ""); res.status != 200 {
+		t.Fatalf("transfer: %d", res.status)
+	}
+	res = f.do("GET", "/v1/networks", operatorKey, "")
+	if !strings.Contains(string(res.body), `"head":104,"cursor":100,"cursor_hash":"0xab","lag_blocks":4`) {
+		t.Fatalf("networks after scan: %s", res.body)
+	}
+}
+
+func TestHealth(t *testing.T) {
+	f := newFixture(t)
+	for _, p := range []string{"/healthz", "/readyz"} {
+		if res := f.do("GET", p, "", ""); res.status != 200 {
+			t.Fatalf("%s: %d %s", p, res.status, res.body)
+		}
+	}
+}
+
+func jsonEqual(a json.RawMessage, b string) bool {
+	var x, y any
+	if json.Unmarshal(a, &x) != nil || json.Unmarshal([]byte(b), &y) != nil {
+		return false
+	}
+	xb, _ := json.Marshal(x)
+	yb, _ := json.Marshal(y)
+	return bytes.Equal(xb, yb)
+}
