@@ -20,25 +20,15 @@ import (
 // the server answers but the database does not exist yet, and applies
 // pending migrations.
 func openDatabase(ctx context.Context, log *slog.Logger, dsn string) (*sqlx.DB, error) {
-	db, err := sqlx.Open("postgres", dsn)
-	if err != nil {
-		return nil, fmt.Errorf("database URL: %w", err)
-	}
-	db.SetMaxOpenConns(20)
-	db.SetMaxIdleConns(10)
-	db.SetConnMaxIdleTime(5 * time.Minute)
-	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	err = db.PingContext(pingCtx)
+	db, err := migrations.Open(ctx, dsn)
 	var pqErr *pq.Error
 	if errors.As(err, &pqErr) && pqErr.Code == "3D000" { // invalid_catalog_name
-		if err = createDatabase(pingCtx, dsn); err == nil {
+		if err = createDatabase(ctx, dsn); err == nil {
 			log.Info("created database", "url", redact(dsn))
-			err = db.PingContext(pingCtx)
+			db, err = migrations.Open(ctx, dsn)
 		}
 	}
 	if err != nil {
-		db.Close()
 		return nil, fmt.Errorf("connect to %s: %w", redact(dsn), err)
 	}
 	applied, err := migrations.Up(ctx, db.DB)
@@ -59,6 +49,8 @@ func createDatabase(ctx context.Context, dsn string) error {
 	}
 	name := strings.TrimPrefix(u.Path, "/")
 	u.Path = "/postgres"
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
 	admin, err := sql.Open("postgres", u.String())
 	if err != nil {
 		return err

@@ -161,7 +161,7 @@ func (d *daemonProcess) call(method, path, key, body string) (int, map[string]an
 }
 
 func TestEndToEnd(t *testing.T) {
-	dbURL := pgtest.NewURL(t)
+	dbURL, _ := pgtest.UnusedURL(t) // migrate creates it
 	configPath := writeConfig(t)
 	bin, err := buildBinary()
 	if err != nil {
@@ -273,9 +273,7 @@ func TestInvalidConfigTouchesNothing(t *testing.T) {
 	if err := os.WriteFile(path, []byte(bad), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	u := pgtest.ServerURL()
-	name := fmt.Sprintf("paywatch_never_%d", time.Now().UnixNano())
-	dbURL := strings.Replace(u, "/postgres?", "/"+name+"?", 1)
+	dbURL, name := pgtest.UnusedURL(t)
 	for _, sub := range []string{"serve", "migrate"} {
 		cmd := exec.Command(bin, sub, "--config", path)
 		cmd.Env = daemonEnv(dbURL)
@@ -284,7 +282,7 @@ func TestInvalidConfigTouchesNothing(t *testing.T) {
 			t.Fatalf("%s: %v\n%s", sub, err, out)
 		}
 	}
-	admin, err := sql.Open("postgres", u)
+	admin, err := sql.Open("postgres", pgtest.ServerURL())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -35,25 +35,23 @@ func ServerURL() string {
 // dropped when t ends.
 func NewURL(t testing.TB) string {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	admin, err := sql.Open("postgres", ServerURL())
-	if err != nil {
-		t.Fatalf("pgtest: %v", err)
-	}
+	u, name := UnusedURL(t)
+	admin := adminDB(t)
 	defer admin.Close()
-	if err := admin.PingContext(ctx); err != nil {
-		if os.Getenv("CI") == "" {
-			t.Skipf("pgtest: no PostgreSQL at %s: %v", ServerURL(), err)
-		}
-		t.Fatalf("pgtest: no PostgreSQL at %s: %v", ServerURL(), err)
+	if _, err := admin.Exec("CREATE DATABASE " + name); err != nil {
+		t.Fatalf("pgtest: create database: %v", err)
 	}
+	return u
+}
+
+// UnusedURL returns the URL and name of a database that does not exist
+// yet on the test server; whoever creates it, it is dropped when t ends.
+func UnusedURL(t testing.TB) (string, string) {
+	t.Helper()
+	adminDB(t).Close() // fail (or skip) early when there is no server
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	name := "paywatch_test_" + hex.EncodeToString(b[:])
-	if _, err := admin.ExecContext(ctx, "CREATE DATABASE "+name); err != nil {
-		t.Fatalf("pgtest: create database: %v", err)
-	}
 	t.Cleanup(func() {
 		db, err := sql.Open("postgres", ServerURL())
 		if err != nil {
@@ -67,7 +65,25 @@ func NewURL(t testing.TB) string {
 		t.Fatalf("pgtest: %v", err)
 	}
 	u.Path = "/" + name
-	return u.String()
+	return u.String(), name
+}
+
+func adminDB(t testing.TB) *sql.DB {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	admin, err := sql.Open("postgres", ServerURL())
+	if err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	if err := admin.PingContext(ctx); err != nil {
+		admin.Close()
+		if os.Getenv("CI") == "" {
+			t.Skipf("pgtest: no PostgreSQL at %s: %v", ServerURL(), err)
+		}
+		t.Fatalf("pgtest: no PostgreSQL at %s: %v", ServerURL(), err)
+	}
+	return admin
 }
 
 // New returns a connection to a fresh database with all migrations applied.
@@ -82,14 +98,13 @@ func New(t testing.TB) *sqlx.DB {
 func NewWithURL(t testing.TB) (*sqlx.DB, string) {
 	t.Helper()
 	u := NewURL(t)
-	db, err := sqlx.Open("postgres", u)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	db, err := migrations.Open(ctx, u)
 	if err != nil {
 		t.Fatalf("pgtest: %v", err)
 	}
-	db.SetMaxOpenConns(20)
 	t.Cleanup(func() { db.Close() })
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
 	if _, err := migrations.Up(ctx, db.DB); err != nil {
 		t.Fatalf("pgtest: %v", err)
 	}

@@ -222,18 +222,12 @@ func (s *Store) chooseSlot(ctx context.Context, tx *sqlx.Tx, a *paywatch.Asset, 
 			"paywatch:slot:"+a.Network+":"+a.Symbol+":"+addr); err != nil {
 			return nil, fmt.Errorf("lock amount slots: %w", err)
 		}
-		var k int
-		err := tx.GetContext(ctx, &k, `SELECT k FROM generate_series(0, $6::int - 1) AS k
-			WHERE NOT EXISTS (SELECT 1 FROM amount_slots s
-				WHERE s.network = $1 AND s.asset = $2 AND s.address = $3
-				  AND s.pay_amount = $4::numeric + k * $5::numeric AND s.held_until > $7)
-			ORDER BY k LIMIT 1`,
-			a.Network, a.Symbol, addr, amount.String(), a.UniqueStep.String(), a.UniqueSlots, now)
-		if errors.Is(err, sql.ErrNoRows) {
-			continue
-		}
+		k, err := freeSlot(ctx, tx, a, addr, amount, now)
 		if err != nil {
-			return nil, fmt.Errorf("find a free amount slot: %w", err)
+			return nil, err
+		}
+		if k < 0 {
+			continue
 		}
 		pay := new(big.Int).Mul(big.NewInt(int64(k)), a.UniqueStep)
 		pay.Add(pay, amount)
@@ -242,6 +236,38 @@ func (s *Store) chooseSlot(ctx context.Context, tx *sqlx.Tx, a *paywatch.Asset, 
 	return nil, paywatch.Errorf(paywatch.CodeNoUniqueAmount,
 		"all %d unique pay amounts for %s %s on %s are held by other orders; try again later or with another amount",
 		a.UniqueSlots, a.FormatAmount(amount), a.Symbol, a.Network)
+}
+
+// freeSlot returns the smallest k whose pay amount is not held at addr, or
+// -1 when all are. It reads only the held slots inside the candidate range
+// (an index range scan), so its cost grows with the slots in use, not with
+// unique_slots.
+func freeSlot(ctx context.Context, tx *sqlx.Tx, a *paywatch.Asset, addr string, amount *big.Int, now time.Time) (int, error) {
+	last := new(big.Int).Mul(big.NewInt(int64(a.UniqueSlots-1)), a.UniqueStep)
+	last.Add(last, amount)
+	var held []string
+	if err := tx.SelectContext(ctx, &held, `SELECT pay_amount::text FROM amount_slots
+		WHERE network = $1 AND asset = $2 AND address = $3 AND pay_amount BETWEEN $4 AND $5 AND held_until > $6
+		ORDER BY pay_amount`, a.Network, a.Symbol, addr, amount.String(), last.String(), now); err != nil {
+		return 0, fmt.Errorf("read held amount slots: %w", err)
+	}
+	// Walk candidates and held amounts together, both ascending.
+	candidate := new(big.Int).Set(amount)
+	k := 0
+	for _, h := range held {
+		v := bigInt(h)
+		if k < a.UniqueSlots && candidate.Cmp(v) < 0 {
+			return k, nil
+		}
+		if candidate.Cmp(v) == 0 {
+			k++
+			candidate.Add(candidate, a.UniqueStep)
+		}
+	}
+	if k < a.UniqueSlots {
+		return k, nil
+	}
+	return -1, nil
 }
 
 // holdSlot records the chosen slot until the order's monitoring window

@@ -62,12 +62,12 @@ networks:
 `
 
 type fixture struct {
-	t   *testing.T
+	t   testing.TB
 	db  *sqlx.DB
 	srv *httptest.Server
 }
 
-func newFixture(t *testing.T) *fixture {
+func newFixture(t testing.TB) *fixture {
 	t.Helper()
 	db := pgtest.New(t)
 	cfg, err := config.Parse([]byte(testConfig), func(k string) string {
@@ -104,7 +104,7 @@ func (r response) errorBody() (code, message string) {
 	return e.Error.Code, e.Error.Message
 }
 
-func (r response) decode(t *testing.T, v any) {
+func (r response) decode(t testing.TB, v any) {
 	t.Helper()
 	if err := json.Unmarshal(r.body, v); err != nil {
 		t.Fatalf("decode %s: %v", r.body, err)

@@ -1,0 +1,46 @@
+package migrations
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	_ "github.com/lib/pq" // the PostgreSQL driver
+)
+
+// MaxOpenConns bounds the connections one process keeps to PostgreSQL.
+const MaxOpenConns = 20
+
+// Open connects to a PostgreSQL URL with the driver settings paywatch
+// relies on and checks that the server answers. It does not migrate.
+//
+// binary_parameters=yes lets lib/pq send a parameterised query in one
+// round trip instead of two (parse, then bind); it roughly halves the
+// latency of a request that runs a dozen statements.
+func Open(ctx context.Context, dsn string) (*sqlx.DB, error) {
+	u, err := url.Parse(dsn)
+	if err == nil && u.Scheme != "" {
+		q := u.Query()
+		if q.Get("binary_parameters") == "" {
+			q.Set("binary_parameters", "yes")
+			u.RawQuery = q.Encode()
+			dsn = u.String()
+		}
+	}
+	db, err := sqlx.Open("postgres", dsn)
+	if err != nil {
+		return nil, fmt.Errorf("database URL: %w", err)
+	}
+	db.SetMaxOpenConns(MaxOpenConns)
+	db.SetMaxIdleConns(MaxOpenConns / 2)
+	db.SetConnMaxIdleTime(5 * time.Minute)
+	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := db.PingContext(pingCtx); err != nil {
+		db.Close()
+		return nil, err
+	}
+	return db, nil
+}
