@@ -114,7 +114,7 @@ func (s *Store) replay(ctx context.Context, req *CreateRequest, hash []byte) (*p
 }
 
 func (s *Store) insert(ctx context.Context, req *CreateRequest, hash []byte) (string, error) {
-	id := NewID("ord")
+	id := paywatch.NewID("ord")
 	now := s.now()
 	expires := now.Add(req.ExpiresIn)
 	monitorUntil := expires.Add(s.MonitoringWindow)

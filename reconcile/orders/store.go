@@ -6,8 +6,6 @@ package orders
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/base32"
 	"errors"
 	"fmt"
 	"time"
@@ -57,15 +55,6 @@ func Tx(ctx context.Context, db *sqlx.DB, fn func(tx *sqlx.Tx) error) error {
 		return fmt.Errorf("commit: %w", err)
 	}
 	return nil
-}
-
-var idEncoding = base32.NewEncoding("abcdefghijklmnopqrstuvwxyz234567").WithPadding(base32.NoPadding)
-
-// NewID returns a random identifier with the given prefix ("ord", "evt").
-func NewID(prefix string) string {
-	var b [15]byte
-	_, _ = rand.Read(b[:])
-	return prefix + "_" + idEncoding.EncodeToString(b[:])
 }
 
 // constraint returns the name of the constraint a PostgreSQL error broke.

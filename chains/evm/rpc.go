@@ -1,0 +1,179 @@
+package evm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/common/hexutil"
+	"github.com/ethereum/go-ethereum/ethclient"
+	"github.com/ethereum/go-ethereum/rpc"
+
+	"github.com/paywatch/paywatch/chains/scan"
+)
+
+// DefaultCallTimeout bounds one JSON-RPC call (or batch).
+const DefaultCallTimeout = 20 * time.Second
+
+// endpoint is one node URL.
+type endpoint struct {
+	url     string
+	rpc     *rpc.Client
+	eth     *ethclient.Client
+	checked atomic.Bool // chain id verified
+}
+
+// nodes is the list of a network's node URLs, used in turn: a call that
+// fails on one node is tried on the next.
+type nodes struct {
+	chainID     uint64
+	endpoints   []*endpoint
+	current     atomic.Int64
+	callTimeout time.Duration
+	log         *slog.Logger
+}
+
+func dialNodes(urls []string, chainID uint64, log *slog.Logger) (*nodes, error) {
+	n := &nodes{chainID: chainID, callTimeout: DefaultCallTimeout, log: log}
+	for _, u := range urls {
+		// For HTTP this opens no connection yet: an unreachable node is
+		// found out by the first call, not here.
+		c, err := rpc.DialOptions(context.Background(), u)
+		if err != nil {
+			return nil, fmt.Errorf("node %s: %w", u, err)
+		}
+		n.endpoints = append(n.endpoints, &endpoint{url: u, rpc: c, eth: ethclient.NewClient(c)})
+	}
+	return n, nil
+}
+
+func (n *nodes) close() {
+	for _, e := range n.endpoints {
+		e.rpc.Close()
+	}
+}
+
+// call runs fn on the current node and, when it fails for a reason other
+// than the request itself (range too large, cancelled), on the next ones.
+func (n *nodes) call(ctx context.Context, fn func(ctx context.Context, e *endpoint) error) error {
+	var errs []error
+	start := int(n.current.Load())
+	for i := 0; i < len(n.endpoints); i++ {
+		idx := (start + i) % len(n.endpoints)
+		e := n.endpoints[idx]
+		err := n.attempt(ctx, e, fn)
+		if err == nil {
+			if idx != start {
+				n.current.Store(int64(idx))
+				n.log.Info("switched node", "url", e.url)
+			}
+			return nil
+		}
+		if ctx.Err() != nil || errors.Is(err, scan.ErrRangeTooLarge) || errors.Is(err, scan.ErrNoBlock) {
+			return err
+		}
+		errs = append(errs, fmt.Errorf("%s: %w", e.url, err))
+	}
+	return errors.Join(errs...)
+}
+
+func (n *nodes) attempt(ctx context.Context, e *endpoint, fn func(ctx context.Context, e *endpoint) error) error {
+	ctx, cancel := context.WithTimeout(ctx, n.callTimeout)
+	defer cancel()
+	if !e.checked.Load() {
+		id, err := e.eth.ChainID(ctx)
+		if err != nil {
+			return fmt.Errorf("read chain id: %w", err)
+		}
+		if id.Uint64() != n.chainID {
+			return fmt.Errorf("node is on chain %s, the configuration says %d", id, n.chainID)
+		}
+		e.checked.Store(true)
+	}
+	err := fn(ctx, e)
+	if err != nil && rangeRefused(err) {
+		return fmt.Errorf("%w: %v", scan.ErrRangeTooLarge, err)
+	}
+	return err
+}
+
+// rangeRefused recognises a node's refusal of a log query's size: the
+// -32005 "limit exceeded" code, the messages providers use for too many
+// results or too wide a range, and timeouts of the query itself.
+func rangeRefused(err error) bool {
+	var rpcErr rpc.Error
+	if errors.As(err, &rpcErr) && rpcErr.ErrorCode() == -32005 {
+		return true
+	}
+	msg := strings.ToLower(err.Error())
+	for _, s := range []string{"too many", "range", "limit exceeded", "query returned more than", "response size", "query timeout", "exceeds"} {
+		if strings.Contains(msg, s) {
+			return true
+		}
+	}
+	return errors.Is(err, context.DeadlineExceeded)
+}
+
+// blockRef is the part of eth_getBlockByNumber's answer paywatch reads
+// when it needs no transactions.
+type blockRef struct {
+	Number hexutil.Uint64 `json:"number"`
+	Hash   common.Hash    `json:"hash"`
+}
+
+// fullBlock is a block with its transactions (eth_getBlockByNumber, true).
+type fullBlock struct {
+	Number       hexutil.Uint64 `json:"number"`
+	Hash         common.Hash    `json:"hash"`
+	Transactions []rpcTx        `json:"transactions"`
+}
+
+type rpcTx struct {
+	Hash             common.Hash     `json:"hash"`
+	From             common.Address  `json:"from"`
+	To               *common.Address `json:"to"`
+	Value            *hexutil.Big    `json:"value"`
+	TransactionIndex hexutil.Uint64  `json:"transactionIndex"`
+}
+
+type rpcReceipt struct {
+	Status    hexutil.Uint64 `json:"status"`
+	BlockHash common.Hash    `json:"blockHash"`
+}
+
+// header reads a block's number and hash by tag ("latest", "finalized",
+// "0x1f"); ErrNoBlock when the node has none there.
+func header(ctx context.Context, e *endpoint, tag string) (blockRef, error) {
+	var raw *blockRef
+	if err := e.rpc.CallContext(ctx, &raw, "eth_getBlockByNumber", tag, false); err != nil {
+		return blockRef{}, err
+	}
+	if raw == nil {
+		return blockRef{}, scan.ErrNoBlock
+	}
+	return *raw, nil
+}
+
+func blockTag(n uint64) string { return hexutil.EncodeUint64(n) }
+
+// batch runs JSON-RPC calls in batches of at most batchSize.
+func batch(ctx context.Context, e *endpoint, elems []rpc.BatchElem) error {
+	const batchSize = 200
+	for i := 0; i < len(elems); i += batchSize {
+		part := elems[i:min(i+batchSize, len(elems))]
+		if err := e.rpc.BatchCallContext(ctx, part); err != nil {
+			return err
+		}
+		for _, el := range part {
+			if el.Error != nil {
+				return fmt.Errorf("%s: %w", el.Method, el.Error)
+			}
+		}
+	}
+	return nil
+}

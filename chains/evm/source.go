@@ -1,0 +1,401 @@
+package evm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/big"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/ethereum/go-ethereum"
+	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/common/hexutil"
+	"github.com/ethereum/go-ethereum/core/types"
+	"github.com/ethereum/go-ethereum/crypto"
+	"github.com/ethereum/go-ethereum/rpc"
+
+	"github.com/paywatch/paywatch"
+	"github.com/paywatch/paywatch/chains/scan"
+)
+
+// TransferTopic is the topic of Transfer(address,address,uint256).
+var TransferTopic = crypto.Keccak256Hash([]byte("Transfer(address,address,uint256)"))
+
+// Flags set on transfers that must never match an order.
+const (
+	FlagDust            = "dust"
+	FlagBalanceMismatch = "balance_mismatch"  // a Transfer event without the balance moving
+	FlagBalanceUnknown  = "balance_unchecked" // the node had no state to check against
+)
+
+// TopicFilterMax is the largest watch set sent to the node as a topic
+// filter; above it, all Transfer logs of the configured contracts are read
+// and filtered here.
+const TopicFilterMax = 256
+
+// Source reads an EVM network for scan.Scanner: ERC-20 Transfer logs of the
+// configured token contracts and native transfers to watched addresses.
+type Source struct {
+	network *paywatch.Network
+	nodes   *nodes
+	log     *slog.Logger
+
+	tokens      map[common.Address]*paywatch.Asset
+	tokenWatch  map[common.Address]map[common.Address]bool // contract → watched recipients
+	native      *paywatch.Asset
+	nativeWatch map[common.Address]bool
+	// VerifyBalances checks, for every block and recipient with incoming
+	// token transfers, that the recipient's balance moved by as much as the
+	// Transfer events say (the "fake deposit" guard).
+	VerifyBalances bool
+}
+
+var _ scan.Source = (*Source)(nil)
+var _ scan.HashBatcher = (*Source)(nil)
+
+// NewSource prepares a Source for an evm network. It contacts no node.
+func NewSource(n *paywatch.Network, log *slog.Logger) (*Source, error) {
+	nodes, err := dialNodes(n.RPCURLs, n.ChainID, log.With("network", n.Name))
+	if err != nil {
+		return nil, err
+	}
+	s := &Source{network: n, nodes: nodes, log: log, tokens: map[common.Address]*paywatch.Asset{},
+		tokenWatch: map[common.Address]map[common.Address]bool{}, nativeWatch: map[common.Address]bool{},
+		VerifyBalances: true}
+	for _, a := range n.Assets {
+		watch := map[common.Address]bool{}
+		for _, addr := range a.Addresses {
+			watch[common.HexToAddress(addr)] = true
+		}
+		if a.Native {
+			s.native, s.nativeWatch = a, watch
+			continue
+		}
+		c := common.HexToAddress(a.Contract)
+		s.tokens[c], s.tokenWatch[c] = a, watch
+	}
+	return s, nil
+}
+
+// Close closes the node connections.
+func (s *Source) Close() { s.nodes.close() }
+
+// Head reads the latest block and, with confirmations: finalized, the
+// finalized one.
+func (s *Source) Head(ctx context.Context) (scan.Head, error) {
+	var h scan.Head
+	err := s.nodes.call(ctx, func(ctx context.Context, e *endpoint) error {
+		latest, err := header(ctx, e, "latest")
+		if err != nil {
+			return err
+		}
+		h.Number = uint64(latest.Number)
+		if s.network.UseFinalized {
+			fin, err := header(ctx, e, "finalized")
+			if err != nil && !errors.Is(err, scan.ErrNoBlock) {
+				return fmt.Errorf("read finalized block: %w", err)
+			}
+			h.Finalized = uint64(fin.Number)
+		}
+		return nil
+	})
+	return h, err
+}
+
+// BlockHash returns the canonical hash at height n.
+func (s *Source) BlockHash(ctx context.Context, n uint64) (string, error) {
+	var h string
+	err := s.nodes.call(ctx, func(ctx context.Context, e *endpoint) error {
+		b, err := header(ctx, e, blockTag(n))
+		h = b.Hash.Hex()
+		return err
+	})
+	return h, err
+}
+
+// BlockHashes returns the canonical hashes at many heights in batched calls;
+// "" where the node has no block.
+func (s *Source) BlockHashes(ctx context.Context, numbers []uint64) ([]string, error) {
+	out := make([]string, len(numbers))
+	err := s.nodes.call(ctx, func(ctx context.Context, e *endpoint) error {
+		refs := make([]*blockRef, len(numbers))
+		elems := make([]rpc.BatchElem, len(numbers))
+		for i, n := range numbers {
+			elems[i] = rpc.BatchElem{Method: "eth_getBlockByNumber", Args: []any{blockTag(n), false}, Result: &refs[i]}
+		}
+		if err := batch(ctx, e, elems); err != nil {
+			return err
+		}
+		for i, r := range refs {
+			if r != nil {
+				out[i] = r.Hash.Hex()
+			}
+		}
+		return nil
+	})
+	return out, err
+}
+
+// Scan returns the token and native transfers to watched addresses in
+// blocks [from, to].
+func (s *Source) Scan(ctx context.Context, from, to uint64) (*scan.Batch, error) {
+	b := &scan.Batch{}
+	if len(s.tokens) > 0 {
+		found, err := s.scanTokens(ctx, from, to)
+		if err != nil {
+			return nil, err
+		}
+		b.Transfers = append(b.Transfers, found...)
+	}
+	if s.native != nil && len(s.nativeWatch) > 0 {
+		found, blocks, err := s.scanNative(ctx, from, to)
+		if err != nil {
+			return nil, err
+		}
+		b.Transfers = append(b.Transfers, found...)
+		b.Blocks = blocks
+	}
+	return b, nil
+}
+
+func (s *Source) watchedRecipients() []common.Hash {
+	var topics []common.Hash
+	seen := map[common.Address]bool{}
+	for _, w := range s.tokenWatch {
+		for a := range w {
+			if !seen[a] {
+				seen[a] = true
+				topics = append(topics, common.BytesToHash(a.Bytes()))
+			}
+		}
+	}
+	return topics
+}
+
+func (s *Source) scanTokens(ctx context.Context, from, to uint64) ([]scan.Found, error) {
+	q := ethereum.FilterQuery{FromBlock: new(big.Int).SetUint64(from), ToBlock: new(big.Int).SetUint64(to),
+		Topics: [][]common.Hash{{TransferTopic}}}
+	for c := range s.tokens {
+		q.Addresses = append(q.Addresses, c)
+	}
+	slices.SortFunc(q.Addresses, func(a, b common.Address) int { return a.Cmp(b) })
+	if recipients := s.watchedRecipients(); len(recipients) <= TopicFilterMax {
+		q.Topics = [][]common.Hash{{TransferTopic}, nil, recipients}
+	}
+	var logs []types.Log
+	err := s.nodes.call(ctx, func(ctx context.Context, e *endpoint) error {
+		var err error
+		logs, err = e.eth.FilterLogs(ctx, q)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("eth_getLogs %d-%d: %w", from, to, err)
+	}
+	ordinals := map[string]int{}
+	var found []scan.Found
+	for _, l := range logs {
+		asset := s.tokens[l.Address]
+		// ERC-20 Transfer: three topics and a 32-byte value. (ERC-721 uses
+		// four topics; anything else is not a token payment.)
+		if l.Removed || asset == nil || len(l.Topics) != 3 || l.Topics[0] != TransferTopic || len(l.Data) != 32 {
+			continue
+		}
+		recipient := common.BytesToAddress(l.Topics[2].Bytes())
+		if !s.tokenWatch[l.Address][recipient] {
+			continue
+		}
+		amount := new(big.Int).SetBytes(l.Data)
+		if amount.Sign() == 0 {
+			continue // zero-value transfers (address poisoning) are no payment
+		}
+		// Identity within the transaction that survives a re-mining in
+		// another block (where log indexes change): the n-th log of this
+		// contract to this recipient in the transaction.
+		key := "log:" + l.Address.Hex() + ":" + recipient.Hex()
+		n := ordinals[l.TxHash.Hex()+key]
+		ordinals[l.TxHash.Hex()+key] = n + 1
+		f := scan.Found{Asset: asset, TxHash: l.TxHash.Hex(), TxKey: key + ":" + strconv.Itoa(n), Index: int64(l.Index),
+			From: common.BytesToAddress(l.Topics[1].Bytes()).Hex(), To: recipient.Hex(), Amount: amount,
+			BlockNumber: l.BlockNumber, BlockHash: l.BlockHash.Hex()}
+		if asset.Dust != nil && amount.Cmp(asset.Dust) < 0 {
+			f.Flags = append(f.Flags, FlagDust)
+		}
+		found = append(found, f)
+	}
+	if s.VerifyBalances && len(found) > 0 {
+		if err := s.verifyBalances(ctx, found); err != nil {
+			return nil, err
+		}
+	}
+	return found, nil
+}
+
+// scanNative reads every block of the range with its transactions and
+// keeps the successful ones that pay a watched address.
+func (s *Source) scanNative(ctx context.Context, from, to uint64) ([]scan.Found, []scan.Block, error) {
+	blocks := make([]*fullBlock, to-from+1)
+	err := s.nodes.call(ctx, func(ctx context.Context, e *endpoint) error {
+		elems := make([]rpc.BatchElem, len(blocks))
+		for i := range blocks {
+			elems[i] = rpc.BatchElem{Method: "eth_getBlockByNumber", Args: []any{blockTag(from + uint64(i)), true}, Result: &blocks[i]}
+		}
+		return batch(ctx, e, elems)
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("read blocks %d-%d: %w", from, to, err)
+	}
+	var found []scan.Found
+	var refs []scan.Block
+	for i, b := range blocks {
+		if b == nil {
+			return nil, nil, fmt.Errorf("block %d: %w", from+uint64(i), scan.ErrNoBlock)
+		}
+		refs = append(refs, scan.Block{Number: uint64(b.Number), Hash: b.Hash.Hex()})
+		for _, tx := range b.Transactions {
+			if tx.To == nil || !s.nativeWatch[*tx.To] || tx.Value == nil || tx.Value.ToInt().Sign() == 0 {
+				continue
+			}
+			f := scan.Found{Asset: s.native, TxHash: tx.Hash.Hex(), TxKey: "native", Index: int64(tx.TransactionIndex),
+				From: tx.From.Hex(), To: tx.To.Hex(), Amount: tx.Value.ToInt(), BlockNumber: uint64(b.Number), BlockHash: b.Hash.Hex()}
+			if s.native.Dust != nil && f.Amount.Cmp(s.native.Dust) < 0 {
+				f.Flags = append(f.Flags, FlagDust)
+			}
+			found = append(found, f)
+		}
+	}
+	if len(found) == 0 {
+		return nil, refs, nil
+	}
+	// A reverted transaction moves no value: keep only successful ones.
+	receipts := make([]*rpcReceipt, len(found))
+	err = s.nodes.call(ctx, func(ctx context.Context, e *endpoint) error {
+		elems := make([]rpc.BatchElem, len(found))
+		for i, f := range found {
+			elems[i] = rpc.BatchElem{Method: "eth_getTransactionReceipt", Args: []any{f.TxHash}, Result: &receipts[i]}
+		}
+		return batch(ctx, e, elems)
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("read receipts: %w", err)
+	}
+	kept := found[:0]
+	for i, f := range found {
+		r := receipts[i]
+		if r == nil || r.BlockHash.Hex() != f.BlockHash {
+			return nil, nil, fmt.Errorf("receipt of %s is not in block %d any more", f.TxHash, f.BlockNumber)
+		}
+		if uint64(r.Status) == types.ReceiptStatusSuccessful {
+			kept = append(kept, f)
+		}
+	}
+	return kept, refs, nil
+}
+
+type balanceKey struct {
+	contract, holder common.Address
+	block            uint64
+}
+
+// verifyBalances flags token transfers whose recipient's balance did not
+// move as the Transfer events of that block say: a contract can emit a
+// Transfer without moving value. Outgoing transfers from the recipient in
+// the same block are taken into account.
+func (s *Source) verifyBalances(ctx context.Context, found []scan.Found) error {
+	expected := map[balanceKey]*big.Int{}
+	var lo, hi uint64 = ^uint64(0), 0
+	holders := map[common.Address]bool{}
+	for _, f := range found {
+		k := balanceKey{common.HexToAddress(f.Asset.Contract), common.HexToAddress(f.To), f.BlockNumber}
+		if expected[k] == nil {
+			expected[k] = new(big.Int)
+		}
+		expected[k].Add(expected[k], f.Amount)
+		lo, hi = min(lo, f.BlockNumber), max(hi, f.BlockNumber)
+		holders[k.holder] = true
+	}
+	// Outgoing transfers of the same holders in those blocks.
+	q := ethereum.FilterQuery{FromBlock: new(big.Int).SetUint64(lo), ToBlock: new(big.Int).SetUint64(hi)}
+	var fromTopics []common.Hash
+	for h := range holders {
+		fromTopics = append(fromTopics, common.BytesToHash(h.Bytes()))
+	}
+	for c := range s.tokens {
+		q.Addresses = append(q.Addresses, c)
+	}
+	q.Topics = [][]common.Hash{{TransferTopic}, fromTopics}
+	var out []types.Log
+	err := s.nodes.call(ctx, func(ctx context.Context, e *endpoint) error {
+		var err error
+		out, err = e.eth.FilterLogs(ctx, q)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("read outgoing transfers: %w", err)
+	}
+	for _, l := range out {
+		if len(l.Topics) != 3 || len(l.Data) != 32 {
+			continue
+		}
+		k := balanceKey{l.Address, common.BytesToAddress(l.Topics[1].Bytes()), l.BlockNumber}
+		if e := expected[k]; e != nil {
+			e.Sub(e, new(big.Int).SetBytes(l.Data))
+		}
+	}
+	keys := make([]balanceKey, 0, len(expected))
+	for k := range expected {
+		keys = append(keys, k)
+	}
+	before, after := make([]*hexutil.Bytes, len(keys)), make([]*hexutil.Bytes, len(keys))
+	elems := make([]rpc.BatchElem, 0, 2*len(keys))
+	for i, k := range keys {
+		data := hexutil.Bytes(append(common.Hex2Bytes("70a08231"), common.LeftPadBytes(k.holder.Bytes(), 32)...))
+		call := map[string]any{"to": k.contract, "data": data}
+		elems = append(elems,
+			rpc.BatchElem{Method: "eth_call", Args: []any{call, blockTag(k.block - 1)}, Result: &before[i]},
+			rpc.BatchElem{Method: "eth_call", Args: []any{call, blockTag(k.block)}, Result: &after[i]})
+	}
+	unknown := false
+	err = s.nodes.call(ctx, func(ctx context.Context, e *endpoint) error {
+		err := batch(ctx, e, elems)
+		if err != nil && stateUnavailable(err) {
+			unknown = true
+			return nil
+		}
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("check balances: %w", err)
+	}
+	bad := map[balanceKey]bool{}
+	for i, k := range keys {
+		if unknown || before[i] == nil || after[i] == nil {
+			continue
+		}
+		delta := new(big.Int).Sub(new(big.Int).SetBytes(*after[i]), new(big.Int).SetBytes(*before[i]))
+		if delta.Cmp(expected[k]) != 0 {
+			bad[k] = true
+			s.log.Warn("token transfer without the balance moving", "network", s.network.Name,
+				"contract", k.contract.Hex(), "to", k.holder.Hex(), "block", k.block, "events", expected[k], "moved", delta)
+		}
+	}
+	for i := range found {
+		f := &found[i]
+		switch {
+		case unknown:
+			f.Flags = append(f.Flags, FlagBalanceUnknown)
+		case bad[balanceKey{common.HexToAddress(f.Asset.Contract), common.HexToAddress(f.To), f.BlockNumber}]:
+			f.Flags = append(f.Flags, FlagBalanceMismatch)
+		}
+	}
+	return nil
+}
+
+// stateUnavailable recognises a pruned node's answer for old state.
+func stateUnavailable(err error) bool {
+	msg := strings.ToLower(err.Error())
+	return strings.Contains(msg, "missing trie node") || strings.Contains(msg, "state not available") ||
+		strings.Contains(msg, "historical state") || strings.Contains(msg, "pruned")
+}

@@ -1,0 +1,115 @@
+package scan
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+)
+
+// Lease is a PostgreSQL session advisory lock held on a dedicated
+// connection: while it is held, no other paywatch instance runs the same
+// job. It is released when the holder closes it or its connection dies.
+type Lease struct {
+	conn *sql.Conn
+	name string
+}
+
+// TryLease takes the lease called name if no one holds it; it returns nil
+// and no error when another instance does.
+func TryLease(ctx context.Context, db *sqlx.DB, name string) (*Lease, error) {
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("lease %s: %w", name, err)
+	}
+	var got bool
+	if err := conn.QueryRowContext(ctx, `SELECT pg_try_advisory_lock(hashtextextended($1, 0))`, "paywatch:"+name).Scan(&got); err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("lease %s: %w", name, err)
+	}
+	if !got {
+		conn.Close()
+		return nil, nil
+	}
+	return &Lease{conn: conn, name: name}, nil
+}
+
+// Alive checks that the lease's connection (and so the lock) still stands.
+func (l *Lease) Alive(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	return l.conn.PingContext(ctx)
+}
+
+// Release gives the lease up.
+func (l *Lease) Release() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, _ = l.conn.ExecContext(ctx, `SELECT pg_advisory_unlock(hashtextextended($1, 0))`, "paywatch:"+l.name)
+	l.conn.Close()
+}
+
+// RunLeased runs job whenever this instance holds the lease called name,
+// polling for it every interval while another instance holds it. The job's
+// context is cancelled when the lease is lost. RunLeased returns when ctx
+// ends, or with the job's error when the job fails for good (it is not
+// restarted).
+func RunLeased(ctx context.Context, db *sqlx.DB, name string, interval time.Duration, log *slog.Logger, job func(context.Context) error) error {
+	waiting := false
+	for {
+		lease, err := TryLease(ctx, db, name)
+		if err != nil && ctx.Err() == nil {
+			log.Warn("could not try the lease", "lease", name, "err", err)
+		}
+		if lease != nil {
+			log.Info("lease taken; running", "lease", name)
+			waiting = false
+			jobErr := runWhileHeld(ctx, lease, interval, job)
+			lease.Release()
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if jobErr != nil {
+				return jobErr
+			}
+			log.Warn("lease lost; standing by", "lease", name)
+		} else if !waiting && err == nil {
+			log.Info("another instance holds the lease; standing by", "lease", name)
+			waiting = true
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(interval):
+		}
+	}
+}
+
+// runWhileHeld runs job, cancelling it if the lease's connection dies. It
+// returns nil when the lease was lost, or the job's own error.
+func runWhileHeld(ctx context.Context, lease *Lease, interval time.Duration, job func(context.Context) error) error {
+	jobCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- job(jobCtx) }()
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for {
+		select {
+		case err := <-done:
+			if jobCtx.Err() != nil && ctx.Err() == nil {
+				return nil // lost the lease
+			}
+			return err
+		case <-tick.C:
+			if err := lease.Alive(ctx); err != nil && ctx.Err() == nil {
+				cancel()
+				<-done
+				return nil
+			}
+		}
+	}
+}

@@ -1,0 +1,270 @@
+package scan
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/lib/pq"
+
+	"github.com/paywatch/paywatch"
+)
+
+// Store keeps what the scanners see in PostgreSQL: cursors, recent block
+// hashes, transfers and reorgs.
+type Store struct {
+	db  *sqlx.DB
+	Now func() time.Time
+}
+
+// NewStore returns a Store over db.
+func NewStore(db *sqlx.DB) *Store { return &Store{db: db, Now: time.Now} }
+
+// ErrCursorMoved means another scanner advanced the cursor meanwhile; the
+// batch was not written.
+var ErrCursorMoved = errors.New("cursor moved under the scanner (another instance is scanning)")
+
+// NotifyChannel is the PostgreSQL channel a commit notifies with the
+// network's name, so that the reconciler reacts without waiting.
+const NotifyChannel = "paywatch_chain"
+
+type cursorRow struct {
+	Number *int64  `db:"block_number"`
+	Hash   *string `db:"block_hash"`
+	Halted bool    `db:"halted"`
+}
+
+// Cursor returns the last scanned block of network (nil before the first
+// batch) and whether the scanner was halted by a reorg too deep to handle.
+func (s *Store) Cursor(ctx context.Context, network string) (*Block, bool, error) {
+	var r cursorRow
+	err := s.db.GetContext(ctx, &r, `SELECT block_number, block_hash, halted FROM chain_cursors WHERE network = $1`, network)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("read cursor of %s: %w", network, err)
+	}
+	if r.Number == nil || r.Hash == nil {
+		return nil, r.Halted, nil
+	}
+	return &Block{Number: uint64(*r.Number), Hash: *r.Hash}, r.Halted, nil
+}
+
+// RecentBlocks returns the stored block hashes of network at or below
+// height, newest first.
+func (s *Store) RecentBlocks(ctx context.Context, network string, atOrBelow uint64) ([]Block, error) {
+	var rows []struct {
+		Number int64  `db:"block_number"`
+		Hash   string `db:"block_hash"`
+	}
+	if err := s.db.SelectContext(ctx, &rows, `SELECT block_number, block_hash FROM chain_blocks
+		WHERE network = $1 AND block_number <= $2 ORDER BY block_number DESC`, network, int64(atOrBelow)); err != nil {
+		return nil, fmt.Errorf("read recent blocks of %s: %w", network, err)
+	}
+	out := make([]Block, len(rows))
+	for i, r := range rows {
+		out[i] = Block{Number: uint64(r.Number), Hash: r.Hash}
+	}
+	return out, nil
+}
+
+// Commit is one scan step's outcome, written in one transaction.
+type Commit struct {
+	Network string
+	// Prev is the cursor the step started from; the commit fails with
+	// ErrCursorMoved if the stored cursor is no longer Prev.
+	Prev *Block
+	// OrphanAbove, when set, rewinds a reorg: transfers in blocks above it
+	// become orphaned unless the batch sees them again.
+	OrphanAbove *uint64
+	Batch       *Batch
+	// Cursor is the new last scanned block; nil keeps none (nothing scanned).
+	Cursor *Block
+	Head   Head
+	// ConfirmedAtOrBelow: transfers in blocks at or below it are confirmed.
+	ConfirmedAtOrBelow uint64
+	// Window is how many blocks of hashes to keep below the cursor.
+	Window uint64
+}
+
+// Commit writes a scan step atomically: reorg rewind, transfers, block
+// hashes, confirmations and the cursor.
+func (s *Store) Commit(ctx context.Context, c Commit) (orphaned int, err error) {
+	now := s.Now().UTC().Truncate(time.Microsecond)
+	tx, err := s.db.BeginTxx(ctx, nil)
+	if err != nil {
+		return 0, fmt.Errorf("begin: %w", err)
+	}
+	defer tx.Rollback()
+
+	var cur cursorRow
+	err = tx.GetContext(ctx, &cur, `SELECT block_number, block_hash, halted FROM chain_cursors WHERE network = $1 FOR UPDATE`, c.Network)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		cur = cursorRow{} // sqlx may have allocated the pointer fields
+		if _, err := tx.ExecContext(ctx, `INSERT INTO chain_cursors (network, updated_at) VALUES ($1, $2)`, c.Network, now); err != nil {
+			return 0, fmt.Errorf("create cursor of %s: %w", c.Network, err)
+		}
+	case err != nil:
+		return 0, fmt.Errorf("lock cursor of %s: %w", c.Network, err)
+	}
+	if !sameBlock(cur, c.Prev) {
+		return 0, ErrCursorMoved
+	}
+
+	if c.OrphanAbove != nil {
+		if _, err := tx.ExecContext(ctx, `UPDATE transfers SET state = 'orphaned', orphaned_at = $3, updated_at = $3
+			WHERE network = $1 AND block_number > $2 AND state <> 'orphaned'`, c.Network, int64(*c.OrphanAbove), now); err != nil {
+			return 0, fmt.Errorf("orphan transfers: %w", err)
+		}
+		if _, err := tx.ExecContext(ctx, `DELETE FROM chain_blocks WHERE network = $1 AND block_number > $2`, c.Network, int64(*c.OrphanAbove)); err != nil {
+			return 0, fmt.Errorf("forget orphaned blocks: %w", err)
+		}
+	}
+	if c.Batch != nil {
+		if err := upsertTransfers(ctx, tx, c.Network, c.Batch.Transfers, now); err != nil {
+			return 0, err
+		}
+		if err := storeBlocks(ctx, tx, c.Network, c.Batch.Blocks); err != nil {
+			return 0, err
+		}
+	}
+	if c.OrphanAbove != nil {
+		if err := tx.GetContext(ctx, &orphaned, `SELECT count(*) FROM transfers WHERE network = $1 AND orphaned_at = $2`, c.Network, now); err != nil {
+			return 0, fmt.Errorf("count orphaned transfers: %w", err)
+		}
+		old := int64(-1)
+		if c.Prev != nil {
+			old = int64(c.Prev.Number)
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO chain_reorgs (network, at, fork_block, old_cursor, orphaned_count)
+			VALUES ($1, $2, $3, $4, $5)`, c.Network, now, int64(*c.OrphanAbove), old, orphaned); err != nil {
+			return 0, fmt.Errorf("record reorg: %w", err)
+		}
+	}
+	if c.Cursor != nil {
+		if err := storeBlocks(ctx, tx, c.Network, []Block{*c.Cursor}); err != nil {
+			return 0, err
+		}
+		if c.Window > 0 && c.Cursor.Number > c.Window {
+			if _, err := tx.ExecContext(ctx, `DELETE FROM chain_blocks WHERE network = $1 AND block_number < $2`,
+				c.Network, int64(c.Cursor.Number-c.Window)); err != nil {
+				return 0, fmt.Errorf("prune block hashes: %w", err)
+			}
+		}
+	}
+	if c.ConfirmedAtOrBelow > 0 {
+		if _, err := tx.ExecContext(ctx, `UPDATE transfers SET state = 'confirmed', updated_at = $3
+			WHERE network = $1 AND state = 'seen' AND block_number <= $2`, c.Network, int64(c.ConfirmedAtOrBelow), now); err != nil {
+			return 0, fmt.Errorf("confirm transfers: %w", err)
+		}
+	}
+	var number *int64
+	var hash *string
+	if c.Cursor != nil {
+		n := int64(c.Cursor.Number)
+		number, hash = &n, &c.Cursor.Hash
+	}
+	if _, err := tx.ExecContext(ctx, `UPDATE chain_cursors SET block_number = $2, block_hash = $3, head = $4,
+		finalized = $5, last_error = NULL, updated_at = $6 WHERE network = $1`,
+		c.Network, number, hash, int64(c.Head.Number), int64(c.Head.Finalized), now); err != nil {
+		return 0, fmt.Errorf("advance cursor of %s: %w", c.Network, err)
+	}
+	if _, err := tx.ExecContext(ctx, `SELECT pg_notify($1, $2)`, NotifyChannel, c.Network); err != nil {
+		return 0, fmt.Errorf("notify: %w", err)
+	}
+	if err := tx.Commit(); err != nil {
+		return 0, fmt.Errorf("commit scan of %s: %w", c.Network, err)
+	}
+	return orphaned, nil
+}
+
+func sameBlock(cur cursorRow, prev *Block) bool {
+	if cur.Number == nil || cur.Hash == nil {
+		return prev == nil
+	}
+	return prev != nil && uint64(*cur.Number) == prev.Number && *cur.Hash == prev.Hash
+}
+
+func upsertTransfers(ctx context.Context, tx *sqlx.Tx, network string, found []Found, now time.Time) error {
+	if len(found) == 0 {
+		return nil
+	}
+	n := len(found)
+	ids, assets, contracts, hashes, keys := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	idx, froms, tos, amounts := make([]int64, n), make([]string, n), make([]string, n), make([]string, n)
+	numbers, blockHashes, flags := make([]int64, n), make([]string, n), make([]string, n)
+	for i, f := range found {
+		ids[i] = paywatch.NewID("trf")
+		assets[i], contracts[i] = f.Asset.Symbol, f.Asset.Contract
+		hashes[i], keys[i], idx[i] = f.TxHash, f.TxKey, f.Index
+		froms[i], tos[i], amounts[i] = f.From, f.To, f.Amount.String()
+		numbers[i], blockHashes[i] = int64(f.BlockNumber), f.BlockHash
+		flags[i] = strings.Join(f.Flags, ",")
+	}
+	_, err := tx.ExecContext(ctx, `INSERT INTO transfers (id, network, asset, asset_contract, tx_hash, tx_key, idx,
+			from_address, to_address, amount, block_number, block_hash, state, flags, first_seen_at, updated_at)
+		SELECT u.id, $1, u.asset, u.contract, u.hash, u.key, u.idx, u.from_addr, u.to_addr, u.amount::numeric,
+			u.number, u.block_hash, 'seen', string_to_array(u.flags, ','), $2, $2
+		FROM unnest($3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::bigint[], $9::text[],
+			$10::text[], $11::text[], $12::bigint[], $13::text[], $14::text[])
+			AS u(id, asset, contract, hash, key, idx, from_addr, to_addr, amount, number, block_hash, flags)
+		ON CONFLICT (network, tx_hash, tx_key) DO UPDATE SET
+			idx = EXCLUDED.idx, block_number = EXCLUDED.block_number, block_hash = EXCLUDED.block_hash,
+			state = CASE WHEN transfers.state <> 'orphaned' AND transfers.block_hash = EXCLUDED.block_hash
+				THEN transfers.state ELSE 'seen' END,
+			orphaned_at = NULL,
+			updated_at = CASE WHEN transfers.block_hash = EXCLUDED.block_hash AND transfers.state <> 'orphaned'
+				THEN transfers.updated_at ELSE EXCLUDED.updated_at END`,
+		network, now, pq.Array(ids), pq.Array(assets), pq.Array(contracts), pq.Array(hashes), pq.Array(keys),
+		pq.Array(idx), pq.Array(froms), pq.Array(tos), pq.Array(amounts), pq.Array(numbers), pq.Array(blockHashes), pq.Array(flags))
+	if err != nil {
+		return fmt.Errorf("store %d transfers: %w", n, err)
+	}
+	return nil
+}
+
+func storeBlocks(ctx context.Context, tx *sqlx.Tx, network string, blocks []Block) error {
+	if len(blocks) == 0 {
+		return nil
+	}
+	numbers, hashes := make([]int64, len(blocks)), make([]string, len(blocks))
+	for i, b := range blocks {
+		numbers[i], hashes[i] = int64(b.Number), b.Hash
+	}
+	_, err := tx.ExecContext(ctx, `INSERT INTO chain_blocks (network, block_number, block_hash)
+		SELECT $1, n, h FROM unnest($2::bigint[], $3::text[]) AS u(n, h)
+		ON CONFLICT (network, block_number) DO UPDATE SET block_hash = EXCLUDED.block_hash`,
+		network, pq.Array(numbers), pq.Array(hashes))
+	if err != nil {
+		return fmt.Errorf("store block hashes: %w", err)
+	}
+	return nil
+}
+
+// RecordStatus notes a head and an error (or its clearing) for network
+// without moving the cursor; halted stops the scanner until an operator
+// clears it.
+func (s *Store) RecordStatus(ctx context.Context, network string, head *Head, lastError string, halted bool) error {
+	var h, f *int64
+	if head != nil {
+		hn, fn := int64(head.Number), int64(head.Finalized)
+		h, f = &hn, &fn
+	}
+	_, err := s.db.ExecContext(ctx, `INSERT INTO chain_cursors (network, head, finalized, last_error, halted, updated_at)
+		VALUES ($1, $2, $3, NULLIF($4, ''), $5, $6)
+		ON CONFLICT (network) DO UPDATE SET head = COALESCE(EXCLUDED.head, chain_cursors.head),
+			finalized = COALESCE(EXCLUDED.finalized, chain_cursors.finalized),
+			last_error = EXCLUDED.last_error, halted = chain_cursors.halted OR EXCLUDED.halted,
+			updated_at = EXCLUDED.updated_at`,
+		network, h, f, lastError, halted, s.Now().UTC())
+	if err != nil {
+		return fmt.Errorf("record status of %s: %w", network, err)
+	}
+	return nil
+}
