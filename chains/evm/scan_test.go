@@ -2,6 +2,7 @@ package evm_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -29,6 +30,7 @@ type env struct {
 	t       *testing.T
 	chain   *evmtest.Chain
 	db      *sqlx.DB
+	dbURL   string
 	store   *scan.Store
 	network *paywatch.Network
 	usdt    *evmtest.Token // 6 decimals
@@ -45,11 +47,12 @@ func testLogger(t *testing.T) *slog.Logger {
 	return slog.New(slog.NewTextHandler(io.Discard, nil))
 }
 
-func newEnv(t *testing.T) *env {
+func newEnv(t *testing.T, opts ...evmtest.Option) *env {
 	t.Helper()
-	c := evmtest.New(t)
-	e := &env{t: t, chain: c, db: pgtest.New(t), log: testLogger(t),
-		shop: common.HexToAddress("0x1111111111111111111111111111111111111111"),
+	c := evmtest.New(t, opts...)
+	db, dbURL := pgtest.NewWithURL(t)
+	e := &env{t: t, chain: c, db: db, dbURL: dbURL, log: testLogger(t),
+		shop:  common.HexToAddress("0x1111111111111111111111111111111111111111"),
 		other: common.HexToAddress("0x3333333333333333333333333333333333333333")}
 	e.usdt = c.DeployToken("Tether USD", "USDT", 6)
 	e.dai = c.DeployToken("Dai", "DAI", 18)
@@ -219,4 +222,19 @@ func TestPaymentsFoundOnce(t *testing.T) {
 	if err := e.db.QueryRow(`SELECT head, block_number FROM chain_cursors WHERE network = 'devnet'`).Scan(&head, &cursor); err != nil || head != int64(c.Head()) || cursor != head {
 		t.Fatalf("cursor %d head %d (%v), chain head %d", cursor, head, err, c.Head())
 	}
+}
+
+func isTooDeep(err error) bool { return errors.Is(err, scan.ErrReorgTooDeep) }
+
+// On a pruned node, old blocks' balances cannot be checked: those transfers
+// are recorded and flagged, recent ones are checked as usual.
+func TestPrunedNodeBalanceChecks(t *testing.T) {
+	e := newEnv(t, evmtest.Pruned())
+	e.network.StartBlock = e.chain.Head()
+	old := e.usdt.Transfer(e.chain.Payer, e.shop, big.NewInt(4_000_000))
+	e.chain.Mine(300)
+	recent := e.usdt.Transfer(e.chain.Payer, e.shop, big.NewInt(5_000_000))
+	e.chain.Mine(1)
+	e.sync(e.scanner())
+	e.expect(want{old, "USDT", "4000000", "", "balance_unchecked"}, want{recent, "USDT", "5000000", "", ""})
 }

@@ -357,21 +357,33 @@ func (s *Source) verifyBalances(ctx context.Context, found []scan.Found) error {
 			rpc.BatchElem{Method: "eth_call", Args: []any{call, blockTag(k.block - 1)}, Result: &before[i]},
 			rpc.BatchElem{Method: "eth_call", Args: []any{call, blockTag(k.block)}, Result: &after[i]})
 	}
-	unknown := false
+	// A pruned node cannot answer for old blocks: such checks are skipped
+	// and the transfers flagged, each on its own.
+	unknown := map[balanceKey]bool{}
 	err = s.nodes.call(ctx, func(ctx context.Context, e *endpoint) error {
-		err := batch(ctx, e, elems)
-		if err != nil && stateUnavailable(err) {
-			unknown = true
-			return nil
+		for i := 0; i < len(elems); i += 200 {
+			part := elems[i:min(i+200, len(elems))]
+			if err := e.rpc.BatchCallContext(ctx, part); err != nil {
+				return err
+			}
+			for j, el := range part {
+				if el.Error == nil {
+					continue
+				}
+				if !stateUnavailable(el.Error) {
+					return fmt.Errorf("eth_call balanceOf: %w", el.Error)
+				}
+				unknown[keys[(i+j)/2]] = true
+			}
 		}
-		return err
+		return nil
 	})
 	if err != nil {
 		return fmt.Errorf("check balances: %w", err)
 	}
 	bad := map[balanceKey]bool{}
 	for i, k := range keys {
-		if unknown || before[i] == nil || after[i] == nil {
+		if unknown[k] || before[i] == nil || after[i] == nil {
 			continue
 		}
 		delta := new(big.Int).Sub(new(big.Int).SetBytes(*after[i]), new(big.Int).SetBytes(*before[i]))
@@ -383,10 +395,11 @@ func (s *Source) verifyBalances(ctx context.Context, found []scan.Found) error {
 	}
 	for i := range found {
 		f := &found[i]
+		k := balanceKey{common.HexToAddress(f.Asset.Contract), common.HexToAddress(f.To), f.BlockNumber}
 		switch {
-		case unknown:
+		case unknown[k]:
 			f.Flags = append(f.Flags, FlagBalanceUnknown)
-		case bad[balanceKey{common.HexToAddress(f.Asset.Contract), common.HexToAddress(f.To), f.BlockNumber}]:
+		case bad[k]:
 			f.Flags = append(f.Flags, FlagBalanceMismatch)
 		}
 	}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/ethereum/go-ethereum/accounts/abi"
 	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/core/rawdb"
 	"github.com/ethereum/go-ethereum/core/types"
 	"github.com/ethereum/go-ethereum/crypto"
 	"github.com/ethereum/go-ethereum/eth/ethconfig"
@@ -70,9 +71,19 @@ func freePort(t testing.TB) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
+// Option changes how New sets up the chain.
+type Option func(*ethconfig.Config)
+
+// Pruned keeps only recent state, as most full nodes do: calls against
+// blocks older than ~128 fail with "historical state is not available".
+func Pruned() Option {
+	return func(ec *ethconfig.Config) { ec.NoPruning, ec.StateScheme = false, rawdb.PathScheme }
+}
+
 // New starts a simulated chain with funded accounts and an HTTP endpoint;
-// it stops when t ends.
-func New(t testing.TB) *Chain {
+// it keeps all historical state unless told otherwise, and stops when t
+// ends.
+func New(t testing.TB, opts ...Option) *Chain {
 	t.Helper()
 	c := &Chain{t: t, nonces: map[common.Address]uint64{}}
 	alloc := types.GenesisAlloc{}
@@ -90,7 +101,11 @@ func New(t testing.TB) *Chain {
 		nc.HTTPHost = "127.0.0.1"
 		nc.HTTPPort = port
 		nc.HTTPModules = []string{"eth", "net", "web3"}
-		ec.NoPruning = true     // keep historical state: balances at old blocks
+		ec.NoPruning = true // keep historical state: balances at old blocks
+		ec.StateScheme = rawdb.HashScheme
+		for _, o := range opts {
+			o(ec)
+		}
 		ec.LogNoHistory = false // index logs as a real node does
 	})
 	t.Cleanup(func() { c.Backend.Close() })
@@ -256,7 +271,7 @@ func (tok *Token) BatchTransfer(from *ecdsa.PrivateKey, to []common.Address, val
 	if err != nil {
 		tok.c.t.Fatal(err)
 	}
-	return tok.c.Send(from, &tok.Address, nil, data, uint64(60_000+40_000*len(to)))
+	return tok.c.Send(from, &tok.Address, nil, data, uint64(100_000+60_000*len(to)))
 }
 
 // FakeTransfer emits a Transfer event without moving any balance.

@@ -1,0 +1,168 @@
+package evm_test
+
+import (
+	"context"
+	"math/big"
+	"testing"
+	"time"
+
+	"github.com/paywatch/paywatch/chains/evm/evmtest"
+	"github.com/paywatch/paywatch/chains/scan"
+	"github.com/paywatch/paywatch/migrations"
+)
+
+// sprinkle makes a payment every `every` blocks over n blocks.
+func (e *env) sprinkle(n, every int) []want {
+	var wants []want
+	for i := 0; i < n; i++ {
+		if i%every == 0 {
+			amount := big.NewInt(int64(3_000_000 + i))
+			wants = append(wants, want{e.usdt.Transfer(e.chain.Payer, e.shop, amount), "USDT", amount.String(), "", ""})
+		}
+		e.chain.Mine(1)
+	}
+	return wants
+}
+
+// A restart in the middle of a catch-up finds every payment once.
+func TestRestartMidScan(t *testing.T) {
+	e := newEnv(t)
+	e.network.StartBlock = e.chain.Head()
+	wants := e.sprinkle(60, 3)
+	s := e.scanner()
+	s.MaxBatch = 7
+	for i := 0; i < 4; i++ {
+		if _, err := s.Step(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := len(e.transfers()); n == 0 || n == len(wants) {
+		t.Fatalf("%d transfers after 4 small steps: not mid-scan", n)
+	}
+	restarted := e.scanner() // a new process: state only in the database
+	restarted.MaxBatch = 7
+	e.sync(restarted)
+	e.expect(wants...)
+}
+
+// After 2,000 blocks of downtime every sprinkled payment is found, and the
+// scanner never skips ahead.
+func TestDowntime2000Blocks(t *testing.T) {
+	e := newEnv(t)
+	e.network.StartBlock = e.chain.Head()
+	s := e.scanner()
+	e.sync(s)
+	wants := e.sprinkle(2000, 50)
+	e.sync(s)
+	e.expect(wants...)
+}
+
+// A node that refuses ranges over 100 blocks still yields every transfer.
+func TestNodeRefusingWideRanges(t *testing.T) {
+	e := newEnv(t)
+	proxy := evmtest.NewProxy(t, e.chain.URL)
+	proxy.MaxLogRange.Store(100)
+	e.network.RPCURLs = []string{proxy.URL}
+	e.network.StartBlock = e.chain.Head()
+	wants := e.sprinkle(600, 25)
+	e.sync(e.scanner())
+	e.expect(wants...)
+	if proxy.Refused.Load() == 0 {
+		t.Fatal("the proxy never refused a range: the test tests nothing")
+	}
+}
+
+// A node that goes down shows in the status and the scanner resumes when it
+// is back; a second URL is used while the first is down.
+func TestNodeDownThenBack(t *testing.T) {
+	e := newEnv(t)
+	proxy := evmtest.NewProxy(t, e.chain.URL)
+	e.network.RPCURLs = []string{proxy.URL}
+	e.network.StartBlock = e.chain.Head()
+	s := e.scanner()
+	s.RetryMin, s.RetryMax = 10*time.Millisecond, 50*time.Millisecond
+	e.sync(s)
+	proxy.Down.Store(true)
+	wants := e.sprinkle(10, 2)
+	if _, err := s.Step(t.Context()); err == nil {
+		t.Fatal("step succeeded with the node down")
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	waitFor(t, func() bool {
+		var lastErr *string
+		_ = e.db.QueryRow(`SELECT last_error FROM chain_cursors WHERE network = 'devnet'`).Scan(&lastErr)
+		return lastErr != nil && *lastErr != ""
+	}, "last_error recorded")
+	proxy.Down.Store(false)
+	waitFor(t, func() bool { return len(e.transfers()) == len(wants) }, "catch-up after the node came back")
+	cancel()
+	<-done
+	e.expect(wants...)
+	var lastErr *string
+	if err := e.db.QueryRow(`SELECT last_error FROM chain_cursors WHERE network = 'devnet'`).Scan(&lastErr); err != nil || lastErr != nil {
+		t.Fatalf("last_error after recovery: %v %v", lastErr, err)
+	}
+
+	// Failover: the first URL dead, the second alive.
+	e.network.RPCURLs = []string{"http://127.0.0.1:9", e.chain.URL}
+	more := e.sprinkle(4, 2)
+	e.sync(e.scanner())
+	e.expect(append(wants, more...)...)
+}
+
+func waitFor(t *testing.T, cond func() bool, what string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Two daemons share the database: one scans, the other stands by, takes
+// over within seconds when the first dies, and nothing is missed or doubled.
+func TestTwoDaemonsTakeOver(t *testing.T) {
+	e := newEnv(t)
+	e.network.StartBlock = e.chain.Head()
+	e.network.PollInterval = 20 * time.Millisecond
+	type daemon struct {
+		cancel context.CancelFunc
+		done   chan error
+		store  *scan.Store
+	}
+	start := func() *daemon {
+		db, err := migrations.Open(t.Context(), e.dbURL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		store := scan.NewStore(db)
+		s := e.scanner()
+		s.Store = store
+		ctx, cancel := context.WithCancel(t.Context())
+		d := &daemon{cancel: func() { cancel(); db.Close() }, done: make(chan error, 1), store: store}
+		go func() {
+			d.done <- scan.RunLeased(ctx, db, "scan:devnet", 200*time.Millisecond, e.log, s.Run)
+		}()
+		return d
+	}
+	a := start()
+	time.Sleep(300 * time.Millisecond) // a takes the lease
+	b := start()
+	wants := e.sprinkle(20, 2)
+	waitFor(t, func() bool { return len(e.transfers()) == len(wants) }, "first daemon's scan")
+	killed := time.Now()
+	a.cancel() // dies: its connections close, the lock with them
+	<-a.done
+	wants = append(wants, e.sprinkle(20, 2)...)
+	waitFor(t, func() bool { return len(e.transfers()) == len(wants) }, "takeover")
+	if took := time.Since(killed); took > 10*time.Second {
+		t.Fatalf("takeover took %s", took)
+	}
+	b.cancel()
+	<-b.done
+	e.expect(wants...)
+}
