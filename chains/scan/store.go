@@ -268,3 +268,28 @@ func (s *Store) RecordStatus(ctx context.Context, network string, head *Head, la
 	}
 	return nil
 }
+
+// Status is what a network's scanner last recorded.
+type Status struct {
+	Network    string    `db:"network"`
+	Cursor     *int64    `db:"block_number"`
+	CursorHash *string   `db:"block_hash"`
+	Head       *int64    `db:"head"`
+	LastError  *string   `db:"last_error"`
+	Halted     bool      `db:"halted"`
+	UpdatedAt  time.Time `db:"updated_at"`
+}
+
+// Statuses returns the scanners' state by network name.
+func (s *Store) Statuses(ctx context.Context) (map[string]Status, error) {
+	var rows []Status
+	if err := s.db.SelectContext(ctx, &rows, `SELECT network, block_number, block_hash, head, last_error, halted, updated_at
+		FROM chain_cursors`); err != nil {
+		return nil, fmt.Errorf("read chain cursors: %w", err)
+	}
+	out := make(map[string]Status, len(rows))
+	for _, r := range rows {
+		out[r.Network] = r
+	}
+	return out, nil
+}

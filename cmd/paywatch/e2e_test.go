@@ -46,6 +46,7 @@ type daemonProcess struct {
 	cmd  *exec.Cmd
 	url  string
 	logs *bytes.Buffer
+	mu   sync.Mutex // guards logs
 	done chan error
 }
 
@@ -95,7 +96,7 @@ func startDaemon(t *testing.T, configPath, dbURL string) *daemonProcess {
 	}
 	d := &daemonProcess{t: t, cmd: cmd, logs: &bytes.Buffer{}, done: make(chan error, 1)}
 	addr := make(chan string, 1)
-	var mu sync.Mutex
+	mu := &d.mu
 	go func() {
 		sc := bufio.NewScanner(stderr)
 		for sc.Scan() {

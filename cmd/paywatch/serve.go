@@ -8,11 +8,15 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/jmoiron/sqlx"
 
+	"github.com/paywatch/paywatch"
 	"github.com/paywatch/paywatch/chains/bitcoin"
+	"github.com/paywatch/paywatch/chains/evm"
+	"github.com/paywatch/paywatch/chains/scan"
 	"github.com/paywatch/paywatch/cmd/paywatch/internal/api"
 	"github.com/paywatch/paywatch/cmd/paywatch/internal/config"
 	"github.com/paywatch/paywatch/reconcile/orders"
@@ -76,7 +80,19 @@ type daemon struct {
 	db       *sqlx.DB
 	listener net.Listener
 	http     *http.Server
+	watchers []watcher
 }
+
+// watcher scans one network while this instance holds its lease.
+type watcher struct {
+	network *paywatch.Network
+	scanner *scan.Scanner
+	close   func()
+}
+
+// leaseInterval is how often a standby instance tries to take over a
+// network's scanner, and how often the holder checks it still holds it.
+const leaseInterval = 2 * time.Second
 
 func newDaemon(ctx context.Context, log *slog.Logger, cfg *config.Config) (*daemon, error) {
 	wallets, err := bitcoin.NewWallets(cfg.Networks)
@@ -88,20 +104,35 @@ func newDaemon(ctx context.Context, log *slog.Logger, cfg *config.Config) (*daem
 		return nil, err
 	}
 	store := orders.NewStore(db, cfg.Orders.MonitoringWindow, wallets)
+	scans := scan.NewStore(db)
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		db.Close()
 		return nil, fmt.Errorf("listen on %s: %w", cfg.Listen, err)
 	}
 	srv := &http.Server{
-		Handler:           api.New(cfg, store, log).Handler(),
+		Handler:           api.New(cfg, store, scans, log).Handler(),
 		ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout:       30 * time.Second,
 		WriteTimeout:      60 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
-	return &daemon{log: log, cfg: cfg, db: db, listener: ln, http: srv}, nil
+	d := &daemon{log: log, cfg: cfg, db: db, listener: ln, http: srv}
+	for _, n := range cfg.Networks {
+		switch n.Family {
+		case paywatch.FamilyEVM:
+			src, err := evm.NewSource(n, log)
+			if err != nil {
+				d.Close()
+				return nil, fmt.Errorf("network %s: %w", n.Name, err)
+			}
+			d.watchers = append(d.watchers, watcher{network: n, scanner: scan.NewScanner(n, src, scans, log), close: src.Close})
+		default:
+			log.Warn("no watcher for this chain family yet; orders are served, payments not seen", "network", n.Name, "family", n.Family)
+		}
+	}
+	return d, nil
 }
 
 // Run serves until ctx is cancelled, then drains in-flight requests.
@@ -109,23 +140,43 @@ func (d *daemon) Run(ctx context.Context) error {
 	d.log.Info("paywatch listening", "addr", d.listener.Addr().String(), "networks", len(d.cfg.Networks))
 	errc := make(chan error, 1)
 	go func() { errc <- d.http.Serve(d.listener) }()
+	watchCtx, stopWatchers := context.WithCancel(ctx)
+	defer stopWatchers()
+	var wg sync.WaitGroup
+	for _, w := range d.watchers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			err := scan.RunLeased(watchCtx, d.db, "scan:"+w.network.Name, leaseInterval, d.log, w.scanner.Run)
+			if err != nil && watchCtx.Err() == nil {
+				d.log.Error("watcher stopped", "network", w.network.Name, "err", err)
+			}
+		}()
+	}
 	select {
 	case err := <-errc:
+		stopWatchers()
+		wg.Wait()
 		return fmt.Errorf("http server: %w", err)
 	case <-ctx.Done():
 	}
+	stopWatchers()
 	d.log.Info("shutting down: draining requests")
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
 	defer cancel()
 	if err := d.http.Shutdown(shutdownCtx); err != nil {
 		return fmt.Errorf("shutdown: %w", err)
 	}
+	wg.Wait()
 	d.log.Info("stopped")
 	return nil
 }
 
 // Close releases what the daemon holds.
 func (d *daemon) Close() {
+	for _, w := range d.watchers {
+		w.close()
+	}
 	d.listener.Close()
 	d.db.Close()
 }

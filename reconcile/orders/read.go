@@ -323,29 +323,5 @@ func (s *Store) GetTransfer(ctx context.Context, id string) (*paywatch.Transfer,
 	return &t, nil
 }
 
-// ChainStatus is what a network's watcher last recorded.
-type ChainStatus struct {
-	Network    string    `db:"network"`
-	Cursor     *int64    `db:"block_number"`
-	CursorHash *string   `db:"block_hash"`
-	Head       *int64    `db:"head"`
-	LastError  *string   `db:"last_error"`
-	UpdatedAt  time.Time `db:"updated_at"`
-}
-
-// ChainStatuses returns the watchers' state per network name.
-func (s *Store) ChainStatuses(ctx context.Context) (map[string]ChainStatus, error) {
-	var rows []ChainStatus
-	if err := s.db.SelectContext(ctx, &rows, `SELECT network, block_number, block_hash, head, last_error, updated_at
-		FROM chain_cursors`); err != nil {
-		return nil, fmt.Errorf("read chain cursors: %w", err)
-	}
-	out := make(map[string]ChainStatus, len(rows))
-	for _, r := range rows {
-		out[r.Network] = r
-	}
-	return out, nil
-}
-
 // Ping checks that the database answers.
 func (s *Store) Ping(ctx context.Context) error { return s.db.PingContext(ctx) }

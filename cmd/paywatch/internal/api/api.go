@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/paywatch/paywatch"
+	"github.com/paywatch/paywatch/chains/scan"
 	"github.com/paywatch/paywatch/cmd/paywatch/internal/config"
 	"github.com/paywatch/paywatch/reconcile/orders"
 )
@@ -26,23 +27,30 @@ type Store interface {
 	Events(ctx context.Context, id string) ([]paywatch.Event, error)
 	ListTransfers(ctx context.Context, f orders.TransferFilter) ([]paywatch.Transfer, string, error)
 	GetTransfer(ctx context.Context, id string) (*paywatch.Transfer, error)
-	ChainStatuses(ctx context.Context) (map[string]orders.ChainStatus, error)
 	Ping(ctx context.Context) error
 }
 
 var _ Store = (*orders.Store)(nil)
 
+// Chains is what the API needs of the chain watchers' state.
+type Chains interface {
+	Statuses(ctx context.Context) (map[string]scan.Status, error)
+}
+
+var _ Chains = (*scan.Store)(nil)
+
 // Server is the HTTP API.
 type Server struct {
-	cfg   *config.Config
-	store Store
-	keys  *keyring
-	log   *slog.Logger
+	cfg    *config.Config
+	store  Store
+	chains Chains
+	keys   *keyring
+	log    *slog.Logger
 }
 
 // New returns the API over store, configured by cfg.
-func New(cfg *config.Config, store Store, log *slog.Logger) *Server {
-	return &Server{cfg: cfg, store: store, keys: newKeyring(cfg.APIKeys), log: log}
+func New(cfg *config.Config, store Store, chains Chains, log *slog.Logger) *Server {
+	return &Server{cfg: cfg, store: store, chains: chains, keys: newKeyring(cfg.APIKeys), log: log}
 }
 
 // Handler returns the routed API with logging and panic recovery.
@@ -82,7 +90,24 @@ func (s *Server) Handler() http.Handler {
 // it; errors are turned into responses in one place (writeError).
 type handlerFunc func(w http.ResponseWriter, r *http.Request, caller *config.APIKey) error
 
+// healthz answers 200 while the process works and 503 when a network's
+// scanner halted on a reorg too deep to handle: that needs a person.
 func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
+	statuses, err := s.chains.Statuses(r.Context())
+	if err != nil {
+		writeJSON(w, http.StatusOK, map[string]any{"status": "ok", "networks": "unknown: database unavailable"})
+		return
+	}
+	var halted []string
+	for _, n := range s.cfg.Networks {
+		if statuses[n.Name].Halted {
+			halted = append(halted, n.Name)
+		}
+	}
+	if len(halted) > 0 {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "halted", "halted_networks": halted})
+		return
+	}
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 }
 

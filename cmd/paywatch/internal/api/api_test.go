@@ -13,6 +13,7 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/paywatch/paywatch/chains/bitcoin"
+	"github.com/paywatch/paywatch/chains/scan"
 	"github.com/paywatch/paywatch/cmd/paywatch/internal/api"
 	"github.com/paywatch/paywatch/cmd/paywatch/internal/config"
 	"github.com/paywatch/paywatch/migrations/pgtest"
@@ -82,7 +83,7 @@ func newFixture(t testing.TB) *fixture {
 	}
 	store := orders.NewStore(db, cfg.Orders.MonitoringWindow, wallets)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	srv := httptest.NewServer(api.New(cfg, store, log).Handler())
+	srv := httptest.NewServer(api.New(cfg, store, scan.NewStore(db), log).Handler())
 	t.Cleanup(srv.Close)
 	return &fixture{t: t, db: db, srv: srv}
 }
@@ -320,7 +321,7 @@ func TestOperatorViews(t *testing.T) {
 		t.Fatalf("transfer: %d", res.status)
 	}
 	res = f.do("GET", "/v1/networks", operatorKey, "")
-	if !strings.Contains(string(res.body), `"head":104,"cursor":100,"cursor_hash":"0xab","lag_blocks":4`) {
+	if !strings.Contains(string(res.body), `"head":104,"cursor":100,"cursor_hash":"0xab","lag_blocks":4,"last_error":null,"health":"ok"`) {
 		t.Fatalf("networks after scan: %s", res.body)
 	}
 }
@@ -331,6 +332,16 @@ func TestHealth(t *testing.T) {
 		if res := f.do("GET", p, "", ""); res.status != 200 {
 			t.Fatalf("%s: %d %s", p, res.status, res.body)
 		}
+	}
+	// A network halted by a reorg too deep turns health red.
+	pgtest.Exec(t, f.db, `INSERT INTO chain_cursors (network, last_error, halted, updated_at) VALUES ('ethereum', 'reorg deeper than the kept window', true, now())`)
+	res := f.do("GET", "/healthz", "", "")
+	if res.status != 503 || !strings.Contains(string(res.body), `"halted_networks":["ethereum"]`) {
+		t.Fatalf("healthz with a halted network: %d %s", res.status, res.body)
+	}
+	res = f.do("GET", "/v1/networks", operatorKey, "")
+	if !strings.Contains(string(res.body), `"health":"halted"`) {
+		t.Fatalf("networks: %s", res.body)
 	}
 }
 

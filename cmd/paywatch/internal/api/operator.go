@@ -54,25 +54,36 @@ func (s *Server) getTransfer(w http.ResponseWriter, r *http.Request, _ *config.A
 }
 
 type networkView struct {
-	Name       string     `json:"name"`
-	Family     string     `json:"family"`
-	Head       *int64     `json:"head"`
-	Cursor     *int64     `json:"cursor"`
-	CursorHash *string    `json:"cursor_hash"`
-	LagBlocks  *int64     `json:"lag_blocks"`
-	LastError  *string    `json:"last_error"`
-	UpdatedAt  *time.Time `json:"updated_at"`
+	Name       string  `json:"name"`
+	Family     string  `json:"family"`
+	Head       *int64  `json:"head"`
+	Cursor     *int64  `json:"cursor"`
+	CursorHash *string `json:"cursor_hash"`
+	LagBlocks  *int64  `json:"lag_blocks"`
+	LastError  *string `json:"last_error"`
+	// Health is "ok", "error" (the last step failed; retrying), "halted"
+	// (a reorg too deep: an operator must act) or "not_started".
+	Health    string     `json:"health"`
+	UpdatedAt *time.Time `json:"updated_at"`
 }
 
 func (s *Server) listNetworks(w http.ResponseWriter, r *http.Request, _ *config.APIKey) error {
-	statuses, err := s.store.ChainStatuses(r.Context())
+	statuses, err := s.chains.Statuses(r.Context())
 	if err != nil {
 		return err
 	}
 	views := make([]networkView, 0, len(s.cfg.Networks))
 	for _, n := range s.cfg.Networks {
-		v := networkView{Name: n.Name, Family: string(n.Family)}
+		v := networkView{Name: n.Name, Family: string(n.Family), Health: "not_started"}
 		if st, ok := statuses[n.Name]; ok {
+			switch {
+			case st.Halted:
+				v.Health = "halted"
+			case st.LastError != nil:
+				v.Health = "error"
+			default:
+				v.Health = "ok"
+			}
 			v.Head, v.Cursor, v.CursorHash, v.LastError = st.Head, st.Cursor, st.CursorHash, st.LastError
 			at := st.UpdatedAt.UTC()
 			v.UpdatedAt = &at

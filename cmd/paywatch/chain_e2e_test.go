@@ -1,0 +1,129 @@
+package main
+
+import (
+	"fmt"
+	"math/big"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ethereum/go-ethereum/common"
+
+	"github.com/paywatch/paywatch/chains/evm/evmtest"
+	"github.com/paywatch/paywatch/migrations/pgtest"
+)
+
+func chainConfig(t *testing.T, chainURL string, start uint64, usdt common.Address, shop common.Address) string {
+	t.Helper()
+	doc := fmt.Sprintf(`
+listen: 127.0.0.1:0
+database_url_env: PAYWATCH_DATABASE_URL
+api_keys:
+  - {name: storefront, role: storefront, key_env: PAYWATCH_STOREFRONT_KEY}
+  - {name: ops, role: operator, key_env: PAYWATCH_OPERATOR_KEY}
+networks:
+  - name: devnet
+    family: evm
+    rpc_urls: [%s]
+    chain_id: %d
+    confirmations: 2
+    poll_interval: 100ms
+    start_block: %d
+    assets:
+      - {symbol: ETH, native: true, decimals: 18, unique_step: "0.000001", receive: {addresses: ["%s"]}}
+      - {symbol: USDT, contract: "%s", decimals: 6, unique_step: "0.000001", receive: {addresses: ["%s"]}}
+`, chainURL, evmtest.ChainID, start, shop.Hex(), usdt.Hex(), shop.Hex())
+	path := filepath.Join(t.TempDir(), "paywatch.yaml")
+	if err := os.WriteFile(path, []byte(doc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func (d *daemonProcess) transfers() []any {
+	d.t.Helper()
+	code, body := d.call("GET", "/v1/transfers?network=devnet&limit=500", e2eOperatorKey, "")
+	if code != 200 {
+		d.t.Fatalf("transfers: %d %v", code, body)
+	}
+	return body["data"].([]any)
+}
+
+func (d *daemonProcess) logText() string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.logs.String()
+}
+
+// Two daemons share one database and watch the simulated chain: payments
+// show up once in GET /v1/transfers; when the daemon holding the scanner's
+// lease is killed with SIGKILL, the other takes over and nothing is missed
+// or doubled.
+func TestPaymentsSeenAcrossDaemonKill(t *testing.T) {
+	chain := evmtest.New(t)
+	usdt := chain.DeployToken("Tether USD", "USDT", 6)
+	shop := common.HexToAddress("0x1111111111111111111111111111111111111111")
+	dbURL := pgtest.NewURL(t)
+	cfg := chainConfig(t, chain.URL, chain.Head(), usdt.Address, shop)
+
+	a := startDaemon(t, cfg, dbURL)
+	b := startDaemon(t, cfg, dbURL)
+	pay := func(n int64) common.Hash {
+		h := usdt.Transfer(chain.Payer, shop, big.NewInt(n))
+		chain.Mine(1)
+		return h
+	}
+	first := pay(1_234_000_317)
+	waitUntil(t, 30*time.Second, "the payment in GET /v1/transfers", func() bool { return len(a.transfers()) == 1 })
+	got := a.transfers()[0].(map[string]any)
+	if got["tx_hash"] != first.Hex() || got["amount"] != "1234.000317" || got["asset"] != "USDT" || got["to"] != shop.Hex() {
+		t.Fatalf("transfer %v", got)
+	}
+	chain.Mine(2)
+	waitUntil(t, 30*time.Second, "confirmations", func() bool {
+		tr := b.transfers()
+		return len(tr) == 1 && tr[0].(map[string]any)["state"] == "confirmed" && tr[0].(map[string]any)["confirmations"].(float64) >= 2
+	})
+
+	holder, standby := a, b
+	if !strings.Contains(a.logText(), "lease taken") {
+		holder, standby = b, a
+	}
+	if err := holder.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-holder.done
+	killed := time.Now()
+	second := pay(2_000_000)
+	eth := chain.SendETH(chain.Payer, shop, big.NewInt(3e15))
+	chain.Mine(1)
+	waitUntil(t, 30*time.Second, "takeover by the standby daemon", func() bool { return len(standby.transfers()) == 3 })
+	t.Logf("standby took over and caught up %s after the kill", time.Since(killed).Round(time.Millisecond))
+	seen := map[string]int{}
+	for _, tr := range standby.transfers() {
+		seen[tr.(map[string]any)["tx_hash"].(string)]++
+	}
+	for _, h := range []common.Hash{first, second, eth} {
+		if seen[h.Hex()] != 1 {
+			t.Fatalf("tx %s seen %d times: %v", h.Hex(), seen[h.Hex()], seen)
+		}
+	}
+	if code, n := standby.call("GET", "/v1/networks", e2eOperatorKey, ""); code != 200 ||
+		n["data"].([]any)[0].(map[string]any)["health"] != "ok" {
+		t.Fatalf("networks: %v", n)
+	}
+}
+
+func waitUntil(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
