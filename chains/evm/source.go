@@ -9,13 +9,14 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 
-	"github.com/ethereum/go-ethereum"
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/common/hexutil"
 	"github.com/ethereum/go-ethereum/core/types"
 	"github.com/ethereum/go-ethereum/crypto"
 	"github.com/ethereum/go-ethereum/rpc"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/paywatch/paywatch"
 	"github.com/paywatch/paywatch/chains/scan"
@@ -140,13 +141,73 @@ func (s *Source) BlockHashes(ctx context.Context, numbers []uint64) ([]string, e
 }
 
 // Scan returns the token and native transfers to watched addresses in
-// blocks [from, to].
+// blocks [from, to]. The logs, the hashes of the range's last block and of
+// its parent, and the head travel in one JSON-RPC batch: one round trip per
+// range when the node is far away.
 func (s *Source) Scan(ctx context.Context, from, to uint64) (*scan.Batch, error) {
-	b := &scan.Batch{}
+	var latest, finalized, last, parent *blockRef
+	var incoming, outgoing []types.Log
+	elems := []rpc.BatchElem{
+		{Method: "eth_getBlockByNumber", Args: []any{"latest", false}, Result: &latest},
+		{Method: "eth_getBlockByNumber", Args: []any{blockTag(to), false}, Result: &last},
+	}
+	if from > 0 {
+		elems = append(elems, rpc.BatchElem{Method: "eth_getBlockByNumber", Args: []any{blockTag(from - 1), false}, Result: &parent})
+	}
+	if s.network.UseFinalized {
+		elems = append(elems, rpc.BatchElem{Method: "eth_getBlockByNumber", Args: []any{"finalized", false}, Result: &finalized})
+	}
+	logsAt := len(elems)
+	topicMode := false
 	if len(s.tokens) > 0 {
-		found, err := s.scanTokens(ctx, from, to)
-		if err != nil {
-			return nil, err
+		var q map[string]any
+		q, topicMode = s.incomingFilter(from, to)
+		elems = append(elems, rpc.BatchElem{Method: "eth_getLogs", Args: []any{q}, Result: &incoming})
+		if topicMode && s.VerifyBalances {
+			// Transfers out of the watched addresses, to reconcile balances.
+			elems = append(elems, rpc.BatchElem{Method: "eth_getLogs", Args: []any{s.outgoingFilter(from, to)}, Result: &outgoing})
+		}
+	}
+	err := s.nodes.call(ctx, func(ctx context.Context, e *endpoint) error {
+		if err := e.rpc.BatchCallContext(ctx, elems); err != nil {
+			return err
+		}
+		for i, el := range elems {
+			if el.Error == nil {
+				continue
+			}
+			if i >= logsAt && rangeRefused(el.Error) {
+				return fmt.Errorf("%w: %v", scan.ErrRangeTooLarge, el.Error)
+			}
+			return fmt.Errorf("%s: %w", el.Method, el.Error)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read blocks %d-%d: %w", from, to, err)
+	}
+	if latest == nil || last == nil || (from > 0 && parent == nil) {
+		return nil, fmt.Errorf("blocks %d-%d: %w", from, to, scan.ErrNoBlock)
+	}
+	b := &scan.Batch{
+		Head:   &scan.Head{Number: uint64(latest.Number)},
+		Blocks: []scan.Block{{Number: to, Hash: last.Hash.Hex()}},
+	}
+	if finalized != nil {
+		b.Head.Finalized = uint64(finalized.Number)
+	}
+	if parent != nil {
+		b.Parent = &scan.Block{Number: from - 1, Hash: parent.Hash.Hex()}
+	}
+	if len(s.tokens) > 0 {
+		found := s.tokenTransfers(incoming)
+		if s.VerifyBalances && len(found) > 0 {
+			if !topicMode {
+				outgoing = incoming // every Transfer log of the contracts is there
+			}
+			if err := s.verifyBalances(ctx, found, outgoing); err != nil {
+				return nil, err
+			}
 		}
 		b.Transfers = append(b.Transfers, found...)
 	}
@@ -156,9 +217,18 @@ func (s *Source) Scan(ctx context.Context, from, to uint64) (*scan.Batch, error)
 			return nil, err
 		}
 		b.Transfers = append(b.Transfers, found...)
-		b.Blocks = blocks
+		b.Blocks = append(b.Blocks, blocks...)
 	}
 	return b, nil
+}
+
+func (s *Source) contracts() []common.Address {
+	var cs []common.Address
+	for c := range s.tokens {
+		cs = append(cs, c)
+	}
+	slices.SortFunc(cs, func(a, b common.Address) int { return a.Cmp(b) })
+	return cs
 }
 
 func (s *Source) watchedRecipients() []common.Hash {
@@ -172,28 +242,30 @@ func (s *Source) watchedRecipients() []common.Hash {
 			}
 		}
 	}
+	slices.SortFunc(topics, func(a, b common.Hash) int { return a.Cmp(b) })
 	return topics
 }
 
-func (s *Source) scanTokens(ctx context.Context, from, to uint64) ([]scan.Found, error) {
-	q := ethereum.FilterQuery{FromBlock: new(big.Int).SetUint64(from), ToBlock: new(big.Int).SetUint64(to),
-		Topics: [][]common.Hash{{TransferTopic}}}
-	for c := range s.tokens {
-		q.Addresses = append(q.Addresses, c)
-	}
-	slices.SortFunc(q.Addresses, func(a, b common.Address) int { return a.Cmp(b) })
+// incomingFilter is the eth_getLogs filter of Transfer logs of the
+// configured contracts; topicMode tells whether it names the recipients
+// (a small watch set) or leaves them to be filtered here.
+func (s *Source) incomingFilter(from, to uint64) (q map[string]any, topicMode bool) {
+	q = map[string]any{"fromBlock": blockTag(from), "toBlock": blockTag(to), "address": s.contracts(),
+		"topics": [][]common.Hash{{TransferTopic}}}
 	if recipients := s.watchedRecipients(); len(recipients) <= TopicFilterMax {
-		q.Topics = [][]common.Hash{{TransferTopic}, nil, recipients}
+		q["topics"] = [][]common.Hash{{TransferTopic}, nil, recipients}
+		return q, true
 	}
-	var logs []types.Log
-	err := s.nodes.call(ctx, func(ctx context.Context, e *endpoint) error {
-		var err error
-		logs, err = e.eth.FilterLogs(ctx, q)
-		return err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("eth_getLogs %d-%d: %w", from, to, err)
-	}
+	return q, false
+}
+
+func (s *Source) outgoingFilter(from, to uint64) map[string]any {
+	return map[string]any{"fromBlock": blockTag(from), "toBlock": blockTag(to), "address": s.contracts(),
+		"topics": [][]common.Hash{{TransferTopic}, s.watchedRecipients()}}
+}
+
+// tokenTransfers turns Transfer logs into transfers to watched addresses.
+func (s *Source) tokenTransfers(logs []types.Log) []scan.Found {
 	ordinals := map[string]int{}
 	var found []scan.Found
 	for _, l := range logs {
@@ -214,7 +286,7 @@ func (s *Source) scanTokens(ctx context.Context, from, to uint64) ([]scan.Found,
 		// Identity within the transaction that survives a re-mining in
 		// another block (where log indexes change): the n-th log of this
 		// contract to this recipient in the transaction.
-		key := "log:" + l.Address.Hex() + ":" + recipient.Hex()
+		key := "log:" + asset.Contract + ":" + recipient.Hex()
 		n := ordinals[l.TxHash.Hex()+key]
 		ordinals[l.TxHash.Hex()+key] = n + 1
 		f := scan.Found{Asset: asset, TxHash: l.TxHash.Hex(), TxKey: key + ":" + strconv.Itoa(n), Index: int64(l.Index),
@@ -225,12 +297,7 @@ func (s *Source) scanTokens(ctx context.Context, from, to uint64) ([]scan.Found,
 		}
 		found = append(found, f)
 	}
-	if s.VerifyBalances && len(found) > 0 {
-		if err := s.verifyBalances(ctx, found); err != nil {
-			return nil, err
-		}
-	}
-	return found, nil
+	return found
 }
 
 // scanNative reads every block of the range with its transactions and
@@ -303,44 +370,21 @@ type balanceKey struct {
 // move as the Transfer events of that block say: a contract can emit a
 // Transfer without moving value. Outgoing transfers from the recipient in
 // the same block are taken into account.
-func (s *Source) verifyBalances(ctx context.Context, found []scan.Found) error {
+func (s *Source) verifyBalances(ctx context.Context, found []scan.Found, out []types.Log) error {
 	expected := map[balanceKey]*big.Int{}
-	var lo, hi uint64 = ^uint64(0), 0
-	holders := map[common.Address]bool{}
 	for _, f := range found {
 		k := balanceKey{common.HexToAddress(f.Asset.Contract), common.HexToAddress(f.To), f.BlockNumber}
 		if expected[k] == nil {
 			expected[k] = new(big.Int)
 		}
 		expected[k].Add(expected[k], f.Amount)
-		lo, hi = min(lo, f.BlockNumber), max(hi, f.BlockNumber)
-		holders[k.holder] = true
-	}
-	// Outgoing transfers of the same holders in those blocks.
-	q := ethereum.FilterQuery{FromBlock: new(big.Int).SetUint64(lo), ToBlock: new(big.Int).SetUint64(hi)}
-	var fromTopics []common.Hash
-	for h := range holders {
-		fromTopics = append(fromTopics, common.BytesToHash(h.Bytes()))
-	}
-	for c := range s.tokens {
-		q.Addresses = append(q.Addresses, c)
-	}
-	q.Topics = [][]common.Hash{{TransferTopic}, fromTopics}
-	var out []types.Log
-	err := s.nodes.call(ctx, func(ctx context.Context, e *endpoint) error {
-		var err error
-		out, err = e.eth.FilterLogs(ctx, q)
-		return err
-	})
-	if err != nil {
-		return fmt.Errorf("read outgoing transfers: %w", err)
 	}
 	for _, l := range out {
 		if len(l.Topics) != 3 || len(l.Data) != 32 {
 			continue
 		}
 		k := balanceKey{l.Address, common.BytesToAddress(l.Topics[1].Bytes()), l.BlockNumber}
-		if e := expected[k]; e != nil {
+		if e := expected[k]; e != nil && !l.Removed {
 			e.Sub(e, new(big.Int).SetBytes(l.Data))
 		}
 	}
@@ -360,23 +404,33 @@ func (s *Source) verifyBalances(ctx context.Context, found []scan.Found) error {
 	// A pruned node cannot answer for old blocks: such checks are skipped
 	// and the transfers flagged, each on its own.
 	unknown := map[balanceKey]bool{}
-	err = s.nodes.call(ctx, func(ctx context.Context, e *endpoint) error {
+	var mu sync.Mutex
+	err := s.nodes.call(ctx, func(ctx context.Context, e *endpoint) error {
+		// Batches of 200 calls, four at a time: a remote node's round trip
+		// is paid once per four batches.
+		g, gctx := errgroup.WithContext(ctx)
+		g.SetLimit(4)
 		for i := 0; i < len(elems); i += 200 {
 			part := elems[i:min(i+200, len(elems))]
-			if err := e.rpc.BatchCallContext(ctx, part); err != nil {
-				return err
-			}
-			for j, el := range part {
-				if el.Error == nil {
-					continue
+			g.Go(func() error {
+				if err := e.rpc.BatchCallContext(gctx, part); err != nil {
+					return err
 				}
-				if !stateUnavailable(el.Error) {
-					return fmt.Errorf("eth_call balanceOf: %w", el.Error)
+				for j, el := range part {
+					if el.Error == nil {
+						continue
+					}
+					if !stateUnavailable(el.Error) {
+						return fmt.Errorf("eth_call balanceOf: %w", el.Error)
+					}
+					mu.Lock()
+					unknown[keys[(i+j)/2]] = true
+					mu.Unlock()
 				}
-				unknown[keys[(i+j)/2]] = true
-			}
+				return nil
+			})
 		}
-		return nil
+		return g.Wait()
 	})
 	if err != nil {
 		return fmt.Errorf("check balances: %w", err)

@@ -40,6 +40,11 @@ type Batch struct {
 	// Blocks holds the hashes the source saw: at least the range's last
 	// block and every block that holds a transfer.
 	Blocks []Block
+	// Head and Parent (the block before the range), when the source read
+	// them in the same round trip as the range, spare the scanner separate
+	// calls when it reads ahead.
+	Head   *Head
+	Parent *Block
 }
 
 // Head is the tip of a chain as a node reports it.

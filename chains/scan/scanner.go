@@ -37,6 +37,43 @@ type Scanner struct {
 
 	batch     uint64
 	successes int
+	// next is a batch being read ahead while the previous one commits.
+	next *prefetch
+}
+
+// prefetch is a Source.Scan started ahead of time.
+type prefetch struct {
+	from, to uint64
+	done     chan struct{}
+	batch    *Batch
+	err      error
+}
+
+func (s *Scanner) startPrefetch(ctx context.Context, from, to uint64) {
+	p := &prefetch{from: from, to: to, done: make(chan struct{})}
+	go func() {
+		defer close(p.done)
+		p.batch, p.err = s.Source.Scan(ctx, from, to)
+	}()
+	s.next = p
+}
+
+// takePrefetch returns the batch read ahead for exactly from, or nil.
+func (s *Scanner) takePrefetch(ctx context.Context, from uint64) (*prefetch, error) {
+	p := s.next
+	s.next = nil
+	if p == nil {
+		return nil, nil
+	}
+	select {
+	case <-p.done:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	if p.from != from {
+		return nil, nil
+	}
+	return p, nil
 }
 
 // NewScanner returns a Scanner with default tuning.
@@ -106,10 +143,6 @@ func (s *Scanner) Step(ctx context.Context) (caughtUp bool, err error) {
 	if s.batch == 0 {
 		s.batch = max(s.MaxBatch, 1)
 	}
-	head, err := s.Source.Head(ctx)
-	if err != nil {
-		return false, fmt.Errorf("read head: %w", err)
-	}
 	cur, halted, err := s.Store.Cursor(ctx, s.Network.Name)
 	if err != nil {
 		return false, err
@@ -117,7 +150,23 @@ func (s *Scanner) Step(ctx context.Context) (caughtUp bool, err error) {
 	if halted {
 		return false, ErrReorgTooDeep
 	}
+	// Fast path: the batch after the cursor was read ahead, with the head and
+	// the cursor's hash in the same round trip.
+	if cur != nil {
+		p, err := s.takePrefetch(ctx, cur.Number+1)
+		if err != nil {
+			return false, err
+		}
+		if p != nil && p.err == nil && p.batch.Head != nil && p.batch.Parent != nil &&
+			p.batch.Parent.Number == cur.Number && p.batch.Parent.Hash == cur.Hash && p.to <= p.batch.Head.Number {
+			return s.commitBatch(ctx, cur, nil, p.from, p.to, *p.batch.Head, p.batch)
+		}
+	}
 
+	head, err := s.Source.Head(ctx)
+	if err != nil {
+		return false, fmt.Errorf("read head: %w", err)
+	}
 	var from uint64
 	var orphanAbove *uint64
 	switch {
@@ -144,44 +193,63 @@ func (s *Scanner) Step(ctx context.Context) (caughtUp bool, err error) {
 			s.Log.Warn("reorg detected", "cursor", cur.Number, "fork_below", above+1)
 		}
 	}
+	if from > head.Number {
+		commit := Commit{Network: s.Network.Name, Prev: cur, OrphanAbove: orphanAbove, Cursor: cur, Head: head,
+			ConfirmedAtOrBelow: s.confirmedAtOrBelow(head), Window: s.Window}
+		if orphanAbove != nil {
+			// The new chain is not longer than the fork point yet.
+			last, err := s.Source.BlockHash(ctx, *orphanAbove)
+			if err != nil {
+				return false, err
+			}
+			commit.Cursor = &Block{Number: *orphanAbove, Hash: last}
+		}
+		if _, err := s.Store.Commit(ctx, commit); err != nil {
+			return false, err
+		}
+		return true, nil
+	}
+	to := min(head.Number, from+s.batch-1)
+	batch, err := s.Source.Scan(ctx, from, to)
+	if errors.Is(err, ErrRangeTooLarge) && to > from {
+		s.batch = max((to-from+1)/2, 1)
+		s.successes = 0
+		s.Log.Info("node refused the range; halving", "blocks", to-from+1, "now", s.batch)
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("scan blocks %d-%d: %w", from, to, err)
+	}
+	return s.commitBatch(ctx, cur, orphanAbove, from, to, head, batch)
+}
 
-	commit := Commit{Network: s.Network.Name, Prev: cur, OrphanAbove: orphanAbove, Cursor: cur,
+// commitBatch verifies a scanned batch, starts reading the next one, and
+// commits this one with the new cursor.
+func (s *Scanner) commitBatch(ctx context.Context, cur *Block, orphanAbove *uint64, from, to uint64, head Head, batch *Batch) (bool, error) {
+	if batch.Head != nil && batch.Head.Number > head.Number {
+		head = *batch.Head
+	}
+	if cur == nil && from > 0 {
+		// Anchor the first batch to its parent, so that a reorg reaching
+		// below the first scanned block is seen and rescanned.
+		anchor := Block{Number: from - 1}
+		if batch.Parent != nil && batch.Parent.Number == from-1 {
+			anchor.Hash = batch.Parent.Hash
+		}
+		batch.Blocks = append(batch.Blocks, anchor)
+	}
+	last, err := s.verify(ctx, batch, from, to, head)
+	if err != nil {
+		return false, err
+	}
+	commit := Commit{Network: s.Network.Name, Prev: cur, OrphanAbove: orphanAbove, Batch: batch, Cursor: &last,
 		Head: head, ConfirmedAtOrBelow: s.confirmedAtOrBelow(head), Window: s.Window}
-	if orphanAbove != nil {
-		commit.Cursor = nil
+	// While this batch commits, read the next one: fetching and storing
+	// overlap, which matters most when the node is far away.
+	if last.Number < head.Number {
+		next := last.Number + 1
+		s.startPrefetch(ctx, next, min(head.Number, next+s.batch-1))
 	}
-	to := head.Number
-	if from <= to {
-		to = min(to, from+s.batch-1)
-		batch, err := s.Source.Scan(ctx, from, to)
-		if errors.Is(err, ErrRangeTooLarge) && to > from {
-			s.batch = max((to-from+1)/2, 1)
-			s.successes = 0
-			s.Log.Info("node refused the range; halving", "blocks", to-from+1, "now", s.batch)
-			return false, nil
-		}
-		if err != nil {
-			return false, fmt.Errorf("scan blocks %d-%d: %w", from, to, err)
-		}
-		if cur == nil && from > 0 {
-			// Anchor the first batch to its parent, so that a reorg reaching
-			// below the first scanned block is seen and rescanned.
-			batch.Blocks = append(batch.Blocks, Block{Number: from - 1})
-		}
-		last, err := s.verify(ctx, batch, from, to, head)
-		if err != nil {
-			return false, err
-		}
-		commit.Batch, commit.Cursor = batch, &last
-	} else if orphanAbove != nil {
-		// The new chain is not longer than the fork point yet.
-		last, err := s.Source.BlockHash(ctx, *orphanAbove)
-		if err != nil {
-			return false, err
-		}
-		commit.Cursor = &Block{Number: *orphanAbove, Hash: last}
-	}
-
 	orphaned, err := s.Store.Commit(ctx, commit)
 	if err != nil {
 		return false, err
@@ -189,17 +257,15 @@ func (s *Scanner) Step(ctx context.Context) (caughtUp bool, err error) {
 	if orphanAbove != nil {
 		s.Log.Warn("reorg handled", "fork_below", *orphanAbove+1, "orphaned_transfers", orphaned)
 	}
-	if commit.Batch != nil {
-		s.successes++
-		if s.successes >= growAfterSuccesses && s.batch < s.MaxBatch {
-			s.batch = min(s.batch*2, s.MaxBatch)
-			s.successes = 0
-		}
-		if n := len(commit.Batch.Transfers); n > 0 {
-			s.Log.Info("transfers found", "from", from, "to", commit.Cursor.Number, "count", n)
-		}
+	s.successes++
+	if s.successes >= growAfterSuccesses && s.batch < s.MaxBatch {
+		s.batch = min(s.batch*2, s.MaxBatch)
+		s.successes = 0
 	}
-	return commit.Cursor != nil && commit.Cursor.Number >= head.Number, nil
+	if n := len(batch.Transfers); n > 0 {
+		s.Log.Info("transfers found", "from", from, "to", last.Number, "count", n)
+	}
+	return last.Number >= head.Number, nil
 }
 
 // confirmedAtOrBelow is the highest block whose transfers are confirmed.
@@ -214,48 +280,70 @@ func (s *Scanner) confirmedAtOrBelow(h Head) uint64 {
 	return h.Number + 1 - c
 }
 
-// verify checks that every block of the batch that holds a transfer, and
-// its last block, are still canonical. It also fills in the hash of every
-// scanned block within a window of the head, so that a later reorg can be
-// walked back block by block. It returns the batch's last block.
+// verify checks that the batch's last block, and every block within the
+// reorg window of the head that holds a transfer, are still canonical. It
+// also fills in the hash of every scanned block within that window, so that
+// a later reorg can be walked back block by block. Blocks deeper than the
+// window are not fetched: a reorg that deep halts the scanner at its next
+// cursor check, so catching up needs no header for blocks of the past.
+// It returns the batch's last block.
 func (s *Scanner) verify(ctx context.Context, b *Batch, from, to uint64, head Head) (Block, error) {
-	reported := map[uint64]string{}
-	for _, blk := range b.Blocks {
-		reported[blk.Number] = blk.Hash
-	}
-	for _, t := range b.Transfers {
-		if h, ok := reported[t.BlockNumber]; ok && h != "" && h != t.BlockHash {
-			return Block{}, inconsistentError{t.BlockNumber}
-		}
-		reported[t.BlockNumber] = t.BlockHash
-	}
-	if _, ok := reported[to]; !ok {
-		reported[to] = ""
-	}
 	recent := from
 	if head.Number >= s.Window && head.Number-s.Window+1 > recent {
 		recent = head.Number - s.Window + 1
+	}
+	reported := map[uint64]string{}
+	deep := map[uint64]string{} // hashes of blocks below the window, as reported
+	for _, blk := range b.Blocks {
+		if blk.Number >= recent || blk.Number == to || blk.Number+1 == from {
+			reported[blk.Number] = blk.Hash
+		}
+	}
+	for _, t := range b.Transfers {
+		m := reported
+		if t.BlockNumber < recent {
+			m = deep
+		}
+		if h, ok := m[t.BlockNumber]; ok && h != "" && h != t.BlockHash {
+			return Block{}, inconsistentError{t.BlockNumber}
+		}
+		m[t.BlockNumber] = t.BlockHash
+	}
+	if _, ok := reported[to]; !ok {
+		reported[to] = ""
 	}
 	for n := recent; n <= to; n++ {
 		if _, ok := reported[n]; !ok {
 			reported[n] = ""
 		}
 	}
-	numbers := make([]uint64, 0, len(reported))
-	for n := range reported {
-		numbers = append(numbers, n)
+	// Fetch the canonical hash of recent blocks and of any whose hash the
+	// source did not report; below the window the source's word stands.
+	var numbers []uint64
+	for n, h := range reported {
+		if n >= recent || h == "" {
+			numbers = append(numbers, n)
+		}
 	}
 	slices.Sort(numbers)
 	canonical, err := blockHashes(ctx, s.Source, numbers)
 	if err != nil {
 		return Block{}, fmt.Errorf("check batch blocks: %w", err)
 	}
-	b.Blocks = b.Blocks[:0]
 	for i, n := range numbers {
 		if canonical[i] == "" || (reported[n] != "" && canonical[i] != reported[n]) {
 			return Block{}, inconsistentError{n}
 		}
-		b.Blocks = append(b.Blocks, Block{Number: n, Hash: canonical[i]})
+		reported[n] = canonical[i]
+	}
+	b.Blocks = b.Blocks[:0]
+	all := make([]uint64, 0, len(reported))
+	for n := range reported {
+		all = append(all, n)
+	}
+	slices.Sort(all)
+	for _, n := range all {
+		b.Blocks = append(b.Blocks, Block{Number: n, Hash: reported[n]})
 	}
 	return b.Blocks[len(b.Blocks)-1], nil
 }

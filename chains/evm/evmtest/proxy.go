@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // Proxy stands between a scanner and a chain's endpoint to misbehave on
@@ -21,6 +22,8 @@ type Proxy struct {
 	MaxLogRange atomic.Uint64
 	// Down makes every request fail at the HTTP level.
 	Down atomic.Bool
+	// Delay is added to every request, like the round trip to a hosted node.
+	Delay atomic.Int64 // nanoseconds
 	// Refused counts refused eth_getLogs calls; LogCalls the served ones.
 	Refused, LogCalls atomic.Int64
 	target            string
@@ -46,22 +49,23 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "node down", http.StatusBadGateway)
 		return
 	}
+	if d := p.Delay.Load(); d > 0 {
+		time.Sleep(time.Duration(d))
+	}
 	body, _ := io.ReadAll(r.Body)
-	if limit := p.MaxLogRange.Load(); limit > 0 {
-		var req rpcRequest
-		if json.Unmarshal(body, &req) == nil && req.Method == "eth_getLogs" && len(req.Params) == 1 {
-			var f struct{ FromBlock, ToBlock string }
-			_ = json.Unmarshal(req.Params[0], &f)
-			from, _ := strconv.ParseUint(strings.TrimPrefix(f.FromBlock, "0x"), 16, 64)
-			to, err := strconv.ParseUint(strings.TrimPrefix(f.ToBlock, "0x"), 16, 64)
-			if err == nil && to-from+1 > limit {
-				p.Refused.Add(1)
-				w.Header().Set("Content-Type", "application/json")
-				_, _ = w.Write([]byte(`{"jsonrpc":"2.0","id":` + string(req.ID) +
-					`,"error":{"code":-32005,"message":"query returned more than 10000 results"}}`))
-				return
-			}
-			p.LogCalls.Add(1)
+	var reqs []rpcRequest
+	batch := len(bytes.TrimSpace(body)) > 0 && bytes.TrimSpace(body)[0] == '['
+	if batch {
+		_ = json.Unmarshal(body, &reqs)
+	} else {
+		var one rpcRequest
+		_ = json.Unmarshal(body, &one)
+		reqs = []rpcRequest{one}
+	}
+	refused := map[string]bool{}
+	for _, req := range reqs {
+		if p.tooWide(req) {
+			refused[string(req.ID)] = true
 		}
 	}
 	res, err := http.Post(p.target, "application/json", bytes.NewReader(body))
@@ -70,7 +74,48 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer res.Body.Close()
+	out, _ := io.ReadAll(res.Body)
+	if len(refused) > 0 {
+		var answers []map[string]json.RawMessage
+		if batch {
+			_ = json.Unmarshal(out, &answers)
+		} else {
+			var one map[string]json.RawMessage
+			_ = json.Unmarshal(out, &one)
+			answers = []map[string]json.RawMessage{one}
+		}
+		for _, a := range answers {
+			if refused[string(a["id"])] {
+				delete(a, "result")
+				a["error"] = json.RawMessage(`{"code":-32005,"message":"query returned more than 10000 results"}`)
+			}
+		}
+		if batch {
+			out, _ = json.Marshal(answers)
+		} else {
+			out, _ = json.Marshal(answers[0])
+		}
+	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(res.StatusCode)
-	_, _ = io.Copy(w, res.Body)
+	_, _ = w.Write(out)
+}
+
+// tooWide reports whether req is an eth_getLogs over more than MaxLogRange
+// blocks, and counts it.
+func (p *Proxy) tooWide(req rpcRequest) bool {
+	limit := p.MaxLogRange.Load()
+	if req.Method != "eth_getLogs" || len(req.Params) != 1 {
+		return false
+	}
+	var f struct{ FromBlock, ToBlock string }
+	_ = json.Unmarshal(req.Params[0], &f)
+	from, _ := strconv.ParseUint(strings.TrimPrefix(f.FromBlock, "0x"), 16, 64)
+	to, err := strconv.ParseUint(strings.TrimPrefix(f.ToBlock, "0x"), 16, 64)
+	if limit > 0 && err == nil && to-from+1 > limit {
+		p.Refused.Add(1)
+		return true
+	}
+	p.LogCalls.Add(1)
+	return false
 }

@@ -1,0 +1,170 @@
+package evm_test
+
+import (
+	"context"
+	"crypto/rand"
+	"io"
+	"log/slog"
+	"math/big"
+	"runtime"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ethereum/go-ethereum"
+	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/ethclient"
+
+	"github.com/paywatch/paywatch"
+	"github.com/paywatch/paywatch/chains/evm"
+	"github.com/paywatch/paywatch/chains/evm/evmtest"
+	"github.com/paywatch/paywatch/chains/scan"
+	"github.com/paywatch/paywatch/migrations/pgtest"
+)
+
+const (
+	benchBlocks    = 10_000
+	benchTransfers = 2_000
+	benchWatched   = 10_000
+)
+
+type scanBench struct {
+	chain    *evmtest.Chain
+	usdt     *evmtest.Token
+	from, to uint64
+	watched  []string
+}
+
+// setupScanBench builds a chain of 10,000 blocks holding
+// 2,000 token transfers to random addresses among 10,000 watched ones.
+func setupScanBench(b *testing.B) *scanBench {
+	{
+		c := evmtest.New(b)
+		sb := &scanBench{chain: c, usdt: c.DeployToken("Tether USD", "USDT", 6)}
+		for i := 0; i < benchWatched; i++ {
+			var a common.Address
+			_, _ = rand.Read(a[:])
+			sb.watched = append(sb.watched, a.Hex())
+		}
+		sb.from = c.Head() + 1
+		every := benchBlocks / benchTransfers
+		for i := 0; i < benchBlocks; i++ {
+			if i%every == 0 {
+				to := common.HexToAddress(sb.watched[(i/every*7919)%benchWatched])
+				sb.usdt.Transfer(c.Keys[i%len(c.Keys)], to, big.NewInt(int64(1_000_000+i)))
+			}
+			c.Mine(1)
+		}
+		sb.to = c.Head()
+		return sb
+	}
+}
+
+// BenchmarkScan compares paywatch's scan of the range with a bare
+// eth_getLogs loop over it (same batch size, same node): the ratio of the
+// two ns/op is the scanner's efficiency. Run:
+//
+//	go test -run '^$' -bench BenchmarkScan -benchtime 3x ./chains/evm/
+//
+// "local" reads the node in this process; "remote-30ms" goes through a proxy
+// that adds 30 ms to every request, as a hosted node far away would.
+func BenchmarkScan(b *testing.B) {
+	sb := setupScanBench(b)
+	b.Run("local", func(b *testing.B) { benchmarkScan(b, sb, sb.chain.URL) })
+	b.Run("remote-30ms", func(b *testing.B) {
+		proxy := evmtest.NewProxy(b, sb.chain.URL)
+		proxy.Delay.Store(int64(30 * time.Millisecond))
+		benchmarkScan(b, sb, proxy.URL)
+	})
+}
+
+func benchmarkScan(b *testing.B, sb *scanBench, url string) {
+	b.Run("bare-getLogs", func(b *testing.B) {
+		client, err := ethclient.Dial(url)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer client.Close()
+		for b.Loop() {
+			n := 0
+			for from := sb.from; from <= sb.to; from += scan.DefaultMaxBatch {
+				to := min(from+scan.DefaultMaxBatch-1, sb.to)
+				logs, err := client.FilterLogs(context.Background(), ethereum.FilterQuery{
+					FromBlock: new(big.Int).SetUint64(from), ToBlock: new(big.Int).SetUint64(to),
+					Addresses: []common.Address{sb.usdt.Address}, Topics: [][]common.Hash{{evm.TransferTopic}}})
+				if err != nil {
+					b.Fatal(err)
+				}
+				n += len(logs)
+			}
+			if n != benchTransfers {
+				b.Fatalf("%d logs", n)
+			}
+		}
+		b.ReportMetric(float64(sb.to-sb.from+1)*float64(b.N)/b.Elapsed().Seconds(), "blocks/s")
+	})
+	for _, verify := range []bool{true, false} {
+		name := "paywatch"
+		if !verify {
+			name = "paywatch-no-balance-check"
+		}
+		b.Run(name, func(b *testing.B) {
+			var peak atomic.Uint64
+			stop := make(chan struct{})
+			go samplePeakHeap(&peak, stop)
+			defer close(stop)
+			for b.Loop() {
+				b.StopTimer()
+				db := pgtest.New(b)
+				n := &paywatch.Network{Name: "bench", Family: paywatch.FamilyEVM, RPCURLs: []string{url},
+					ChainID: evmtest.ChainID, Confirmations: 12, StartBlock: sb.from, PollInterval: time.Second,
+					Assets: []*paywatch.Asset{{Network: "bench", Symbol: "USDT", Contract: sb.usdt.Address.Hex(),
+						Decimals: 6, Mode: paywatch.ModeShared, Addresses: sb.watched}}}
+				log := slog.New(slog.NewTextHandler(io.Discard, nil))
+				src, err := evm.NewSource(n, log)
+				if err != nil {
+					b.Fatal(err)
+				}
+				src.VerifyBalances = verify
+				s := scan.NewScanner(n, src, scan.NewStore(db), log)
+				runtime.GC()
+				b.StartTimer()
+				for {
+					caughtUp, err := s.Step(context.Background())
+					if err != nil {
+						b.Fatal(err)
+					}
+					if caughtUp {
+						break
+					}
+				}
+				b.StopTimer()
+				var stored int
+				if err := db.Get(&stored, "SELECT count(*) FROM transfers"); err != nil || stored != benchTransfers {
+					b.Fatalf("%d transfers stored (%v)", stored, err)
+				}
+				src.Close()
+				b.StartTimer()
+			}
+			b.ReportMetric(float64(sb.to-sb.from+1)*float64(b.N)/b.Elapsed().Seconds(), "blocks/s")
+			b.ReportMetric(float64(peak.Load())/(1<<20), "peak-heap-MB")
+		})
+	}
+}
+
+// samplePeakHeap records the largest heap in use (the simulated chain's
+// included: it runs in this process) until stop closes.
+func samplePeakHeap(peak *atomic.Uint64, stop chan struct{}) {
+	var m runtime.MemStats
+	for {
+		select {
+		case <-stop:
+			return
+		case <-time.After(20 * time.Millisecond):
+		}
+		runtime.ReadMemStats(&m)
+		if m.HeapInuse > peak.Load() {
+			peak.Store(m.HeapInuse)
+		}
+	}
+}
