@@ -1,0 +1,75 @@
+-- +goose Up
+-- The double-entry ledger, block times for lateness, and what the
+-- reconciler needs.
+
+ALTER TABLE transfers ADD COLUMN block_time TIMESTAMPTZ;
+
+CREATE TABLE ledger_entries (
+    id   BIGSERIAL PRIMARY KEY,
+    at   TIMESTAMPTZ NOT NULL,
+    -- receipt, attribution, settlement, refund, release, reversal
+    kind TEXT NOT NULL,
+    -- What the entry is about; (kind, ref) makes posting idempotent.
+    ref  TEXT NOT NULL,
+    -- The entry this one reverses, for reversals.
+    reverses BIGINT REFERENCES ledger_entries (id),
+    memo TEXT,
+    CONSTRAINT ledger_entries_kind_ref_key UNIQUE (kind, ref)
+);
+CREATE UNIQUE INDEX ledger_entries_reverses_key ON ledger_entries (reverses) WHERE reverses IS NOT NULL;
+
+CREATE TABLE ledger_postings (
+    entry_id BIGINT NOT NULL REFERENCES ledger_entries (id),
+    account  TEXT NOT NULL,
+    network  TEXT NOT NULL,
+    asset    TEXT NOT NULL,
+    -- Signed base units: debits positive, credits negative.
+    amount   NUMERIC(78,0) NOT NULL CHECK (amount <> 0)
+);
+CREATE INDEX ledger_postings_entry_idx ON ledger_postings (entry_id);
+CREATE INDEX ledger_postings_account_idx ON ledger_postings (account text_pattern_ops, network, asset);
+
+-- +goose StatementBegin
+-- Every entry's postings sum to zero per asset. Checked once per INSERT
+-- statement over the entries it touched, so all postings of an entry go in
+-- one statement.
+CREATE FUNCTION ledger_check_balanced() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    bad RECORD;
+BEGIN
+    SELECT p.entry_id, p.network, p.asset, sum(p.amount) AS total INTO bad
+    FROM ledger_postings p
+    WHERE p.entry_id IN (SELECT DISTINCT entry_id FROM new_postings)
+    GROUP BY p.entry_id, p.network, p.asset HAVING sum(p.amount) <> 0 LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'ledger entry % does not balance: % % sums to %', bad.entry_id, bad.network, bad.asset, bad.total
+            USING ERRCODE = 'check_violation';
+    END IF;
+    RETURN NULL;
+END $$;
+-- +goose StatementEnd
+
+CREATE TRIGGER ledger_postings_balanced
+    AFTER INSERT ON ledger_postings REFERENCING NEW TABLE AS new_postings
+    FOR EACH STATEMENT EXECUTE FUNCTION ledger_check_balanced();
+
+-- +goose StatementBegin
+-- The ledger is append-only: mistakes are fixed by reversing entries.
+CREATE FUNCTION ledger_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION 'the ledger is append-only: % on % refused', TG_OP, TG_TABLE_NAME
+        USING ERRCODE = 'insufficient_privilege';
+END $$;
+-- +goose StatementEnd
+
+CREATE TRIGGER ledger_entries_append_only BEFORE UPDATE OR DELETE ON ledger_entries
+    FOR EACH ROW EXECUTE FUNCTION ledger_append_only();
+CREATE TRIGGER ledger_postings_append_only BEFORE UPDATE OR DELETE ON ledger_postings
+    FOR EACH ROW EXECUTE FUNCTION ledger_append_only();
+
+-- +goose Down
+DROP TABLE ledger_postings;
+DROP TABLE ledger_entries;
+DROP FUNCTION ledger_append_only();
+DROP FUNCTION ledger_check_balanced();
+ALTER TABLE transfers DROP COLUMN block_time;
