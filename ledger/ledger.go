@@ -58,6 +58,7 @@ type Entry struct {
 	Kind     string
 	Ref      string // with Kind, makes posting idempotent
 	Memo     string
+	OrderID  string // what the entry concerns, when it concerns an order
 	Postings []Posting
 }
 
@@ -108,8 +109,9 @@ func Post(ctx context.Context, tx *sqlx.Tx, at time.Time, e Entry) (id int64, po
 	if err := e.Validate(); err != nil {
 		return 0, false, err
 	}
-	err = tx.GetContext(ctx, &id, `INSERT INTO ledger_entries (at, kind, ref, memo) VALUES ($1, $2, $3, NULLIF($4, ''))
-		ON CONFLICT (kind, ref) DO NOTHING RETURNING id`, at, e.Kind, e.Ref, e.Memo)
+	err = tx.GetContext(ctx, &id, `INSERT INTO ledger_entries (at, kind, ref, memo, order_id)
+		VALUES ($1, $2, $3, NULLIF($4, ''), NULLIF($5, ''))
+		ON CONFLICT (kind, ref) DO NOTHING RETURNING id`, at, e.Kind, e.Ref, e.Memo, e.OrderID)
 	if errors.Is(err, sql.ErrNoRows) {
 		return 0, false, nil
 	}
@@ -188,4 +190,10 @@ func CheckBalanced(ctx context.Context, db sqlx.QueryerContext) error {
 		return fmt.Errorf("%w: entry %d sums to %s", ErrUnbalanced, bad[0].Entry, bad[0].Total)
 	}
 	return nil
+}
+
+// OrderBalances returns what an order's account holds per asset (credit
+// balances as positive numbers), read inside tx.
+func OrderBalances(ctx context.Context, tx sqlx.QueryerContext, orderID string) ([]Balance, error) {
+	return Balances(ctx, tx, Order(orderID))
 }

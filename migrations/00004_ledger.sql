@@ -13,10 +13,22 @@ CREATE TABLE ledger_entries (
     ref  TEXT NOT NULL,
     -- The entry this one reverses, for reversals.
     reverses BIGINT REFERENCES ledger_entries (id),
+    -- What it concerns, for reversals and the dossier's view.
+    transfer_id TEXT,
+    order_id    TEXT,
     memo TEXT,
     CONSTRAINT ledger_entries_kind_ref_key UNIQUE (kind, ref)
 );
 CREATE UNIQUE INDEX ledger_entries_reverses_key ON ledger_entries (reverses) WHERE reverses IS NOT NULL;
+CREATE INDEX ledger_entries_transfer_idx ON ledger_entries (transfer_id) WHERE transfer_id IS NOT NULL;
+CREATE INDEX ledger_entries_order_idx ON ledger_entries (order_id) WHERE order_id IS NOT NULL;
+
+-- Orders the reconciler still looks at.
+CREATE INDEX orders_open_idx ON orders (id)
+    WHERE status IN ('awaiting_payment', 'confirming', 'expired', 'disputed');
+CREATE INDEX orders_per_order_address_idx ON orders (network, pay_address) WHERE unique_k IS NULL;
+CREATE INDEX transfers_orphaned_idx ON transfers (order_id) WHERE state = 'orphaned' AND order_id IS NOT NULL;
+CREATE INDEX transfers_unmatched_recent_idx ON transfers (network, to_address) WHERE order_id IS NULL AND state <> 'orphaned';
 
 CREATE TABLE ledger_postings (
     entry_id BIGINT NOT NULL REFERENCES ledger_entries (id),
