@@ -39,7 +39,7 @@ const (
 )
 
 // Account names.
-func Wallet(network, address string) string   { return "wallet:" + network + ":" + address }
+func Wallet(network, address string) string    { return "wallet:" + network + ":" + address }
 func Suspense(network, asset string) string    { return "suspense:" + network + ":" + asset }
 func Order(id string) string                   { return "order:" + id }
 func Settled(network, asset string) string     { return "settled:" + network + ":" + asset }

@@ -130,6 +130,7 @@ type blockRef struct {
 type fullBlock struct {
 	Number       hexutil.Uint64 `json:"number"`
 	Hash         common.Hash    `json:"hash"`
+	Time         hexutil.Uint64 `json:"timestamp"`
 	Transactions []rpcTx        `json:"transactions"`
 }
 

@@ -204,6 +204,10 @@ func TestPaymentsFoundOnce(t *testing.T) {
 		want{dust, "USDT", "9999", "", "dust"},
 		want{fake, "USDT", "1000000", "", "balance_mismatch"},
 	)
+	var untimed int
+	if err := e.db.Get(&untimed, `SELECT count(*) FROM transfers WHERE block_time IS NULL OR block_time < now() - interval '1 hour'`); err != nil || untimed != 0 {
+		t.Fatalf("%d transfers without a plausible block time (%v)", untimed, err)
+	}
 	// Scanning again, or from a fresh scanner, records nothing twice.
 	e.sync(s)
 	e.sync(e.scanner())

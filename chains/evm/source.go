@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/common/hexutil"
@@ -292,6 +293,9 @@ func (s *Source) tokenTransfers(logs []types.Log) []scan.Found {
 		f := scan.Found{Asset: asset, TxHash: l.TxHash.Hex(), TxKey: key + ":" + strconv.Itoa(n), Index: int64(l.Index),
 			From: common.BytesToAddress(l.Topics[1].Bytes()).Hex(), To: recipient.Hex(), Amount: amount,
 			BlockNumber: l.BlockNumber, BlockHash: l.BlockHash.Hex()}
+		if l.BlockTimestamp > 0 {
+			f.BlockTime = time.Unix(int64(l.BlockTimestamp), 0).UTC()
+		}
 		if asset.Dust != nil && amount.Cmp(asset.Dust) < 0 {
 			f.Flags = append(f.Flags, FlagDust)
 		}
@@ -326,7 +330,8 @@ func (s *Source) scanNative(ctx context.Context, from, to uint64) ([]scan.Found,
 				continue
 			}
 			f := scan.Found{Asset: s.native, TxHash: tx.Hash.Hex(), TxKey: "native", Index: int64(tx.TransactionIndex),
-				From: tx.From.Hex(), To: tx.To.Hex(), Amount: tx.Value.ToInt(), BlockNumber: uint64(b.Number), BlockHash: b.Hash.Hex()}
+				From: tx.From.Hex(), To: tx.To.Hex(), Amount: tx.Value.ToInt(), BlockNumber: uint64(b.Number), BlockHash: b.Hash.Hex(),
+				BlockTime: time.Unix(int64(b.Time), 0).UTC()}
 			if s.native.Dust != nil && f.Amount.Cmp(s.native.Dust) < 0 {
 				f.Flags = append(f.Flags, FlagDust)
 			}

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"math/big"
+	"time"
 
 	"github.com/paywatch/paywatch"
 )
@@ -31,7 +32,10 @@ type Found struct {
 	Amount      *big.Int
 	BlockNumber uint64
 	BlockHash   string
-	Flags       []string
+	// BlockTime is when the block was made (zero when the node does not
+	// say); it decides whether a payment was late.
+	BlockTime time.Time
+	Flags     []string
 }
 
 // Batch is what a Source found in a range of blocks.

@@ -199,6 +199,7 @@ func upsertTransfers(ctx context.Context, tx *sqlx.Tx, network string, found []F
 	ids, assets, contracts, hashes, keys := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 	idx, froms, tos, amounts := make([]int64, n), make([]string, n), make([]string, n), make([]string, n)
 	numbers, blockHashes, flags := make([]int64, n), make([]string, n), make([]string, n)
+	times := make([]*time.Time, n)
 	for i, f := range found {
 		ids[i] = paywatch.NewID("trf")
 		assets[i], contracts[i] = f.Asset.Symbol, f.Asset.Contract
@@ -206,23 +207,34 @@ func upsertTransfers(ctx context.Context, tx *sqlx.Tx, network string, found []F
 		froms[i], tos[i], amounts[i] = f.From, f.To, f.Amount.String()
 		numbers[i], blockHashes[i] = int64(f.BlockNumber), f.BlockHash
 		flags[i] = strings.Join(f.Flags, ",")
+		if !f.BlockTime.IsZero() {
+			bt := f.BlockTime.UTC()
+			times[i] = &bt
+		}
+	}
+	blockTimes := make([]string, n) // text, so that NULLs travel in one array
+	for i, t := range times {
+		if t != nil {
+			blockTimes[i] = t.Format(time.RFC3339Nano)
+		}
 	}
 	_, err := tx.ExecContext(ctx, `INSERT INTO transfers (id, network, asset, asset_contract, tx_hash, tx_key, idx,
-			from_address, to_address, amount, block_number, block_hash, state, flags, first_seen_at, updated_at)
+			from_address, to_address, amount, block_number, block_hash, block_time, state, flags, first_seen_at, updated_at)
 		SELECT u.id, $1, u.asset, u.contract, u.hash, u.key, u.idx, u.from_addr, u.to_addr, u.amount::numeric,
-			u.number, u.block_hash, 'seen', string_to_array(u.flags, ','), $2, $2
+			u.number, u.block_hash, NULLIF(u.block_time, '')::timestamptz, 'seen', string_to_array(u.flags, ','), $2, $2
 		FROM unnest($3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::bigint[], $9::text[],
-			$10::text[], $11::text[], $12::bigint[], $13::text[], $14::text[])
-			AS u(id, asset, contract, hash, key, idx, from_addr, to_addr, amount, number, block_hash, flags)
+			$10::text[], $11::text[], $12::bigint[], $13::text[], $14::text[], $15::text[])
+			AS u(id, asset, contract, hash, key, idx, from_addr, to_addr, amount, number, block_hash, flags, block_time)
 		ON CONFLICT (network, tx_hash, tx_key) DO UPDATE SET
 			idx = EXCLUDED.idx, block_number = EXCLUDED.block_number, block_hash = EXCLUDED.block_hash,
+			block_time = EXCLUDED.block_time,
 			state = CASE WHEN transfers.state <> 'orphaned' AND transfers.block_hash = EXCLUDED.block_hash
 				THEN transfers.state ELSE 'seen' END,
 			orphaned_at = NULL,
 			updated_at = CASE WHEN transfers.block_hash = EXCLUDED.block_hash AND transfers.state <> 'orphaned'
 				THEN transfers.updated_at ELSE EXCLUDED.updated_at END`,
 		network, now, pq.Array(ids), pq.Array(assets), pq.Array(contracts), pq.Array(hashes), pq.Array(keys),
-		pq.Array(idx), pq.Array(froms), pq.Array(tos), pq.Array(amounts), pq.Array(numbers), pq.Array(blockHashes), pq.Array(flags))
+		pq.Array(idx), pq.Array(froms), pq.Array(tos), pq.Array(amounts), pq.Array(numbers), pq.Array(blockHashes), pq.Array(flags), pq.Array(blockTimes))
 	if err != nil {
 		return fmt.Errorf("store %d transfers: %w", n, err)
 	}
