@@ -197,3 +197,14 @@ func CheckBalanced(ctx context.Context, db sqlx.QueryerContext) error {
 func OrderBalances(ctx context.Context, tx sqlx.QueryerContext, orderID string) ([]Balance, error) {
 	return Balances(ctx, tx, Order(orderID))
 }
+
+// Book reads the journal.
+type Book struct{ db *sqlx.DB }
+
+// NewBook returns a Book over db.
+func NewBook(db *sqlx.DB) *Book { return &Book{db: db} }
+
+// Balances is Balances over the Book's database.
+func (b *Book) Balances(ctx context.Context, prefix string) ([]Balance, error) {
+	return Balances(ctx, b.db, prefix)
+}

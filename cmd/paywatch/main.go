@@ -3,6 +3,7 @@
 //
 //	paywatch serve   --config FILE   the daemon: API, chain watchers, reconciler
 //	paywatch migrate --config FILE   apply pending database migrations, then exit
+//	paywatch reconcile --config FILE --once   one reconciler pass
 package main
 
 import (
@@ -48,6 +49,8 @@ const usage = `paywatch: a self-hosted crypto payment watcher and reconciliation
 Usage:
   paywatch serve   --config FILE   run the daemon: API, chain watchers, reconciler
   paywatch migrate --config FILE   apply pending database migrations, then exit
+  paywatch reconcile --config FILE --once
+                                   run one reconciler pass, then exit
   paywatch help                    show this help
 
 See README.md for the configuration and the HTTP API.
@@ -66,6 +69,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		err = serveCommand(ctx, e, args[1:])
 	case "migrate":
 		err = migrateCommand(ctx, e, args[1:])
+	case "reconcile":
+		err = reconcileCommand(ctx, e, args[1:])
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return exitOK

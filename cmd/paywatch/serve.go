@@ -19,6 +19,8 @@ import (
 	"github.com/paywatch/paywatch/chains/scan"
 	"github.com/paywatch/paywatch/cmd/paywatch/internal/api"
 	"github.com/paywatch/paywatch/cmd/paywatch/internal/config"
+	"github.com/paywatch/paywatch/ledger"
+	"github.com/paywatch/paywatch/reconcile"
 	"github.com/paywatch/paywatch/reconcile/orders"
 )
 
@@ -36,10 +38,14 @@ func loadConfig(e *env, name string, args []string) (*config.Config, error) {
 	if fs.NArg() > 0 {
 		return nil, usageError{fmt.Errorf("unexpected arguments: %v", fs.Args())}
 	}
-	if *path == "" {
+	return loadConfigFile(e, *path)
+}
+
+func loadConfigFile(e *env, path string) (*config.Config, error) {
+	if path == "" {
 		return nil, usageError{errors.New("--config FILE is required")}
 	}
-	cfg, err := config.Load(*path, e.getenv)
+	cfg, err := config.Load(path, e.getenv)
 	if err != nil {
 		return nil, usageError{err}
 	}
@@ -81,6 +87,8 @@ type daemon struct {
 	listener net.Listener
 	http     *http.Server
 	watchers []watcher
+	// reconciler runs passes while this instance holds its lease.
+	reconciler *reconcile.Runner
 }
 
 // watcher scans one network while this instance holds its lease.
@@ -105,20 +113,22 @@ func newDaemon(ctx context.Context, log *slog.Logger, cfg *config.Config) (*daem
 	}
 	store := orders.NewStore(db, cfg.Orders.MonitoringWindow, wallets)
 	scans := scan.NewStore(db)
+	runner := reconcile.NewRunner(newReconciler(db, log, cfg), cfg.ReconcilerSchedule, cfg.DatabaseURL, scan.NotifyChannel, log)
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		db.Close()
 		return nil, fmt.Errorf("listen on %s: %w", cfg.Listen, err)
 	}
 	srv := &http.Server{
-		Handler:           api.New(cfg, store, scans, log).Handler(),
+		Handler: api.New(cfg, api.Deps{Orders: store, Chains: scans, Operator: reconcile.NewOperator(db),
+			Ledger: ledger.NewBook(db), Nudge: runner.Nudge}, log).Handler(),
 		ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout:       30 * time.Second,
 		WriteTimeout:      60 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
-	d := &daemon{log: log, cfg: cfg, db: db, listener: ln, http: srv}
+	d := &daemon{log: log, cfg: cfg, db: db, listener: ln, http: srv, reconciler: runner}
 	for _, n := range cfg.Networks {
 		switch n.Family {
 		case paywatch.FamilyEVM:
@@ -153,6 +163,14 @@ func (d *daemon) Run(ctx context.Context) error {
 			}
 		}()
 	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		err := scan.RunLeased(watchCtx, d.db, "reconcile", leaseInterval, d.log, d.reconciler.Run)
+		if err != nil && watchCtx.Err() == nil {
+			d.log.Error("reconciler stopped", "err", err)
+		}
+	}()
 	select {
 	case err := <-errc:
 		stopWatchers()
@@ -179,4 +197,37 @@ func (d *daemon) Close() {
 	}
 	d.listener.Close()
 	d.db.Close()
+}
+
+// newReconciler builds the reconciler the configuration describes.
+func newReconciler(db *sqlx.DB, log *slog.Logger, cfg *config.Config) *reconcile.Reconciler {
+	return reconcile.New(db, log, cfg.Orders.PaidGrace, cfg.Orders.MaxExpiry+cfg.Orders.MonitoringWindow)
+}
+
+func reconcileCommand(ctx context.Context, e *env, args []string) error {
+	fs := flag.NewFlagSet("reconcile", flag.ContinueOnError)
+	fs.SetOutput(e.stderr)
+	path := fs.String("config", "", "configuration file (YAML)")
+	once := fs.Bool("once", false, "run one pass, then exit")
+	if err := fs.Parse(args); err != nil {
+		return usageError{err}
+	}
+	if !*once {
+		return usageError{errors.New("only --once is supported: serve runs the scheduled reconciler")}
+	}
+	cfg, err := loadConfigFile(e, *path)
+	if err != nil {
+		return err
+	}
+	db, err := openDatabase(ctx, e.log, cfg.DatabaseURL)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	res, err := newReconciler(db, e.log, cfg).Pass(ctx)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(e.stdout, "reconciled: %s\n", res)
+	return nil
 }

@@ -11,6 +11,8 @@ import (
 	"github.com/paywatch/paywatch"
 	"github.com/paywatch/paywatch/chains/scan"
 	"github.com/paywatch/paywatch/cmd/paywatch/internal/config"
+	"github.com/paywatch/paywatch/ledger"
+	"github.com/paywatch/paywatch/reconcile"
 	"github.com/paywatch/paywatch/reconcile/orders"
 )
 
@@ -39,18 +41,52 @@ type Chains interface {
 
 var _ Chains = (*scan.Store)(nil)
 
+// Operator carries out operators' actions.
+type Operator interface {
+	Attach(ctx context.Context, transferID, orderID, note, actor string) error
+	Resolve(ctx context.Context, orderID string, outcome paywatch.Status, note, actor string) error
+}
+
+var _ Operator = (*reconcile.Operator)(nil)
+
+// Ledger reads balances.
+type Ledger interface {
+	Balances(ctx context.Context, prefix string) ([]ledger.Balance, error)
+}
+
+var _ Ledger = (*ledger.Book)(nil)
+
+// Deps are what the API serves from.
+type Deps struct {
+	Orders   Store
+	Chains   Chains
+	Operator Operator
+	Ledger   Ledger
+	// Nudge asks the reconciler for a pass now (after an operator's
+	// action); may be nil.
+	Nudge func()
+}
+
 // Server is the HTTP API.
 type Server struct {
 	cfg    *config.Config
 	store  Store
 	chains Chains
+	ops    Operator
+	ledger Ledger
+	nudge  func()
 	keys   *keyring
 	log    *slog.Logger
 }
 
-// New returns the API over store, configured by cfg.
-func New(cfg *config.Config, store Store, chains Chains, log *slog.Logger) *Server {
-	return &Server{cfg: cfg, store: store, chains: chains, keys: newKeyring(cfg.APIKeys), log: log}
+// New returns the API configured by cfg.
+func New(cfg *config.Config, d Deps, log *slog.Logger) *Server {
+	nudge := d.Nudge
+	if nudge == nil {
+		nudge = func() {}
+	}
+	return &Server{cfg: cfg, store: d.Orders, chains: d.Chains, ops: d.Operator, ledger: d.Ledger, nudge: nudge,
+		keys: newKeyring(cfg.APIKeys), log: log}
 }
 
 // Handler returns the routed API with logging and panic recovery.
@@ -70,12 +106,16 @@ func (s *Server) Handler() http.Handler {
 	route("GET", "/v1/transfers", config.RoleOperator, s.listTransfers)
 	route("GET", "/v1/transfers/{id}", config.RoleOperator, s.getTransfer)
 	route("GET", "/v1/networks", config.RoleOperator, s.listNetworks)
+	route("POST", "/v1/transfers/{id}/attach", config.RoleOperator, s.attachTransfer)
+	route("POST", "/v1/orders/{id}/resolve", config.RoleOperator, s.resolveOrder)
+	route("GET", "/v1/ledger/balances", config.RoleOperator, s.ledgerBalances)
 	// Probes.
 	mux.HandleFunc("GET /healthz", s.healthz)
 	mux.HandleFunc("GET /readyz", s.readyz)
 	// Everything else answers in the API's error format.
 	for _, p := range []string{"/v1/orders", "/v1/orders/{id}", "/v1/orders/{id}/paid", "/v1/orders/{id}/cancel",
-		"/v1/orders/{id}/events", "/v1/transfers", "/v1/transfers/{id}", "/v1/networks", "/healthz", "/readyz"} {
+		"/v1/orders/{id}/events", "/v1/transfers", "/v1/transfers/{id}", "/v1/networks", "/healthz", "/readyz",
+		"/v1/transfers/{id}/attach", "/v1/orders/{id}/resolve", "/v1/ledger/balances"} {
 		mux.HandleFunc(p, func(w http.ResponseWriter, r *http.Request) {
 			writeError(w, paywatch.Errorf(paywatch.CodeInvalidRequest, "method %s is not allowed on %s", r.Method, r.URL.Path), http.StatusMethodNotAllowed)
 		})

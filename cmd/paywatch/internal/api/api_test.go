@@ -16,7 +16,9 @@ import (
 	"github.com/paywatch/paywatch/chains/scan"
 	"github.com/paywatch/paywatch/cmd/paywatch/internal/api"
 	"github.com/paywatch/paywatch/cmd/paywatch/internal/config"
+	"github.com/paywatch/paywatch/ledger"
 	"github.com/paywatch/paywatch/migrations/pgtest"
+	"github.com/paywatch/paywatch/reconcile"
 	"github.com/paywatch/paywatch/reconcile/orders"
 )
 
@@ -83,7 +85,8 @@ func newFixture(t testing.TB) *fixture {
 	}
 	store := orders.NewStore(db, cfg.Orders.MonitoringWindow, wallets)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	srv := httptest.NewServer(api.New(cfg, store, scan.NewStore(db), log).Handler())
+	srv := httptest.NewServer(api.New(cfg, api.Deps{Orders: store, Chains: scan.NewStore(db),
+		Operator: reconcile.NewOperator(db), Ledger: ledger.NewBook(db)}, log).Handler())
 	t.Cleanup(srv.Close)
 	return &fixture{t: t, db: db, srv: srv}
 }
@@ -353,4 +356,45 @@ func jsonEqual(a json.RawMessage, b string) bool {
 	xb, _ := json.Marshal(x)
 	yb, _ := json.Marshal(y)
 	return bytes.Equal(xb, yb)
+}
+
+func TestAttachResolveAndBalances(t *testing.T) {
+	f := newFixture(t)
+	var o orderJSON
+	f.do("POST", "/v1/orders", storefrontKey, `{"external_id":"a1","network":"ethereum","asset":"USDT","amount":"10"}`).decode(t, &o)
+	pgtest.Exec(t, f.db, `INSERT INTO transfers (id, network, asset, asset_contract, tx_hash, tx_key, idx, to_address,
+		amount, block_number, block_hash, state, first_seen_at, updated_at)
+		VALUES ('trf_stray', 'ethereum', 'USDT', '0xdAC17F958D2ee523a2206206994597C13D831ec7', '0xaa', 'k', 0,
+		'0x1111111111111111111111111111111111111111', 9990000, 5, '0xbb', 'confirmed', now(), now())`)
+	res := f.do("POST", "/v1/transfers/trf_stray/attach", operatorKey, `{"order_id":"`+o.ID+`","note":"exchange fee"}`)
+	var tr struct {
+		OrderID *string `json:"order_id"`
+	}
+	res.decode(t, &tr)
+	if res.status != 200 || tr.OrderID == nil || *tr.OrderID != o.ID {
+		t.Fatalf("attach: %d %s", res.status, res.body)
+	}
+	if res := f.do("POST", "/v1/transfers/trf_stray/attach", operatorKey, `{"order_id":"`+o.ID+`","note":"again"}`); res.status != 409 {
+		t.Fatalf("second attach: %d %s", res.status, res.body)
+	}
+	pgtest.Exec(t, f.db, `UPDATE orders SET status = 'disputed', dispute_reason = 'underpaid' WHERE id = $1`, o.ID)
+	res = f.do("POST", "/v1/orders/"+o.ID+"/resolve", operatorKey, `{"outcome":"settled","note":"accept the fee"}`)
+	var resolved orderJSON
+	res.decode(t, &resolved)
+	if res.status != 200 || resolved.Status != "settled" || resolved.ReceivedAmount != "9.99" {
+		t.Fatalf("resolve: %d %s", res.status, res.body)
+	}
+	var events []struct{ Type, Actor string }
+	f.do("GET", "/v1/orders/"+o.ID+"/events", operatorKey, "").decode(t, &events)
+	if len(events) != 3 || events[1].Type != "transfer_attached" || events[2].Type != "resolved" || events[2].Actor != "alice" {
+		t.Fatalf("audit trail %+v", events)
+	}
+	var bal struct {
+		Data []struct{ Account, Network, Asset, Balance string } `json:"data"`
+	}
+	res = f.do("GET", "/v1/ledger/balances?account_prefix=settled:", operatorKey, "")
+	res.decode(t, &bal)
+	if res.status != 200 || len(bal.Data) != 1 || bal.Data[0].Account != "settled:ethereum:USDT" || bal.Data[0].Balance != "9.99" {
+		t.Fatalf("balances: %s", res.body)
+	}
 }

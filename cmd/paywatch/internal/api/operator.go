@@ -97,3 +97,77 @@ func (s *Server) listNetworks(w http.ResponseWriter, r *http.Request, _ *config.
 	writeJSON(w, http.StatusOK, newList(views, ""))
 	return nil
 }
+
+type attachRequest struct {
+	OrderID string `json:"order_id"`
+	Note    string `json:"note"`
+}
+
+func (s *Server) attachTransfer(w http.ResponseWriter, r *http.Request, caller *config.APIKey) error {
+	var body attachRequest
+	if err := decodeBody(w, r, &body, false); err != nil {
+		return err
+	}
+	if body.OrderID == "" {
+		return paywatch.Errorf(paywatch.CodeInvalidRequest, "order_id is required")
+	}
+	id := r.PathValue("id")
+	if err := s.ops.Attach(r.Context(), id, body.OrderID, body.Note, caller.Name); err != nil {
+		return err
+	}
+	s.nudge()
+	t, err := s.store.GetTransfer(r.Context(), id)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, s.transferView(t))
+	return nil
+}
+
+type resolveRequest struct {
+	Outcome string `json:"outcome"`
+	Note    string `json:"note"`
+}
+
+func (s *Server) resolveOrder(w http.ResponseWriter, r *http.Request, caller *config.APIKey) error {
+	var body resolveRequest
+	if err := decodeBody(w, r, &body, false); err != nil {
+		return err
+	}
+	id := r.PathValue("id")
+	if err := s.ops.Resolve(r.Context(), id, paywatch.Status(body.Outcome), body.Note, caller.Name); err != nil {
+		return err
+	}
+	s.nudge()
+	o, err := s.store.Get(r.Context(), id)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, s.orderView(o))
+	return nil
+}
+
+type balanceView struct {
+	Account string `json:"account"`
+	Network string `json:"network"`
+	Asset   string `json:"asset"`
+	Balance string `json:"balance"`
+}
+
+func (s *Server) ledgerBalances(w http.ResponseWriter, r *http.Request, _ *config.APIKey) error {
+	q, _, err := query(r, "account_prefix")
+	if err != nil {
+		return err
+	}
+	balances, err := s.ledger.Balances(r.Context(), q.Get("account_prefix"))
+	if err != nil {
+		return err
+	}
+	views := make([]balanceView, len(balances))
+	for i, b := range balances {
+		views[i] = balanceView{Account: b.Account, Network: b.Network, Asset: b.Asset,
+			Balance: s.formatter(b.Network, b.Asset)(b.Amount)}
+	}
+	writeJSON(w, http.StatusOK, newList(views, ""))
+	return nil
+}
