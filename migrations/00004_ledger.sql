@@ -43,16 +43,16 @@ CREATE INDEX ledger_postings_account_idx ON ledger_postings (account text_patter
 
 -- +goose StatementBegin
 -- Every entry's postings sum to zero per asset. Checked once per INSERT
--- statement over the entries it touched, so all postings of an entry go in
--- one statement.
+-- statement over the rows it added: the postings an INSERT adds to an entry
+-- must balance by themselves, so every entry balances whatever the number of
+-- statements (and all of an entry's postings go in one statement).
 CREATE FUNCTION ledger_check_balanced() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
     bad RECORD;
 BEGIN
-    SELECT p.entry_id, p.network, p.asset, sum(p.amount) AS total INTO bad
-    FROM ledger_postings p
-    WHERE p.entry_id IN (SELECT DISTINCT entry_id FROM new_postings)
-    GROUP BY p.entry_id, p.network, p.asset HAVING sum(p.amount) <> 0 LIMIT 1;
+    SELECT entry_id, network, asset, sum(amount) AS total INTO bad
+    FROM new_postings
+    GROUP BY entry_id, network, asset HAVING sum(amount) <> 0 LIMIT 1;
     IF FOUND THEN
         RAISE EXCEPTION 'ledger entry % does not balance: % % sums to %', bad.entry_id, bad.network, bad.asset, bad.total
             USING ERRCODE = 'check_violation';

@@ -116,10 +116,8 @@ func (op *Operator) Resolve(ctx context.Context, orderID string, outcome paywatc
 		}
 		// Bring the ledger up to date first, so that what the order holds
 		// includes every confirmed payment attached to it.
-		for _, q := range []string{reverseOrphaned, postReceipts, postAttributions} {
-			if _, err := tx.ExecContext(ctx, q, now, now); err != nil {
-				return fmt.Errorf("update ledger: %w", err)
-			}
+		if _, err := postLedgerTx(ctx, tx, now, now); err != nil {
+			return fmt.Errorf("update ledger: %w", err)
 		}
 		balances, err := ledger.OrderBalances(ctx, tx, orderID)
 		if err != nil {

@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/jmoiron/sqlx"
+
+	"github.com/paywatch/paywatch/reconcile/orders"
 )
 
 // DefaultBatch is how many orders one transition statement handles.
@@ -70,18 +72,8 @@ func (r *Reconciler) Pass(ctx context.Context) (Result, error) {
 	} else {
 		res.Matched += n
 	}
-	for _, step := range []struct {
-		name, sql string
-	}{
-		{"reverse entries of orphaned transfers", reverseOrphaned},
-		{"post receipts", postReceipts},
-		{"post attributions", postAttributions},
-	} {
-		n, err := r.exec(ctx, step.sql, now)
-		if err != nil {
-			return res, fmt.Errorf("%s: %w", step.name, err)
-		}
-		res.Entries += n
+	if res.Entries, err = r.postLedger(ctx, now); err != nil {
+		return res, err
 	}
 	n, err := r.transitions(ctx, now)
 	res.Transitions = n
@@ -92,6 +84,49 @@ func (r *Reconciler) Pass(ctx context.Context) (Result, error) {
 		r.log.Info("reconciled", "matched", res.Matched, "ambiguous", res.Ambiguous, "entries", res.Entries, "transitions", res.Transitions)
 	}
 	return res, nil
+}
+
+// PostLedger brings the ledger up to date with the transfers: reversals of
+// what reorgs undid, receipts of confirmed transfers, attributions of
+// matched ones. Pass does it too; it returns the entries posted.
+func (r *Reconciler) PostLedger(ctx context.Context) (int64, error) {
+	return r.postLedger(ctx, r.Now().UTC().Truncate(time.Microsecond))
+}
+
+func (r *Reconciler) postLedger(ctx context.Context, now time.Time) (int64, error) {
+	var total int64
+	err := orders.Tx(ctx, r.db, func(tx *sqlx.Tx) error {
+		var err error
+		total, err = postLedgerTx(ctx, tx, now, now.Add(-r.Lookback))
+		return err
+	})
+	return total, err
+}
+
+// ledgerLock serialises the ledger statements of concurrent passes (and of
+// operators' resolutions): each sees what the previous one posted.
+const ledgerLock = `SELECT pg_advisory_xact_lock(hashtextextended('paywatch:ledger', 0))`
+
+// postLedgerTx runs the ledger statements inside tx, under the ledger lock.
+func postLedgerTx(ctx context.Context, tx *sqlx.Tx, now, since time.Time) (int64, error) {
+	if _, err := tx.ExecContext(ctx, ledgerLock); err != nil {
+		return 0, fmt.Errorf("lock the ledger: %w", err)
+	}
+	var total int64
+	for _, step := range []struct {
+		name, sql string
+	}{
+		{"reverse entries of orphaned transfers", reverseOrphaned},
+		{"post receipts", postReceipts},
+		{"post attributions", postAttributions},
+	} {
+		var n int64
+		if err := tx.GetContext(ctx, &n, step.sql, now, since); err != nil {
+			return total, fmt.Errorf("%s: %w", step.name, err)
+		}
+		total += n
+	}
+	return total, nil
 }
 
 // exec runs one set-based statement with the pass's parameters: $1 now,

@@ -74,60 +74,65 @@ SELECT count(*) FROM matched`
 // transfer was orphaned by a reorg or moved to another block.
 const reverseOrphaned = `
 WITH todo AS (
-	SELECT e.id, e.transfer_id, e.order_id FROM ledger_entries e JOIN transfers t ON t.id = e.transfer_id
+	SELECT nextval('ledger_entries_id_seq') AS eid, e.id, e.transfer_id, e.order_id
+	FROM ledger_entries e JOIN transfers t ON t.id = e.transfer_id
 	WHERE e.kind IN ('receipt', 'attribution')
 		AND (t.state = 'orphaned' OR e.ref NOT LIKE t.id || '@' || t.block_hash || '%')
 		AND NOT EXISTS (SELECT 1 FROM ledger_entries r WHERE r.reverses = e.id)
 ), ins AS (
-	INSERT INTO ledger_entries (at, kind, ref, reverses, transfer_id, order_id)
-	SELECT $1, 'reversal', 'reverse:' || id, id, transfer_id, order_id FROM todo
-	ON CONFLICT DO NOTHING RETURNING id, reverses
+	INSERT INTO ledger_entries (id, at, kind, ref, reverses, transfer_id, order_id)
+	SELECT eid, $1, 'reversal', 'reverse:' || id, id, transfer_id, order_id FROM todo
 ), post AS (
 	INSERT INTO ledger_postings (entry_id, account, network, asset, amount)
-	SELECT ins.id, p.account, p.network, p.asset, -p.amount FROM ins JOIN ledger_postings p ON p.entry_id = ins.reverses
+	SELECT todo.eid, p.account, p.network, p.asset, -p.amount FROM todo JOIN ledger_postings p ON p.entry_id = todo.id
 )
-SELECT count(*) FROM ins WHERE $2::timestamptz IS NOT NULL`
+SELECT count(*) FROM todo WHERE $2::timestamptz IS NOT NULL`
 
 // postReceipts records every confirmed transfer: debit the receiving
 // wallet, credit suspense.
+//
+// The ledger statements run under a transaction-scoped advisory lock (see
+// postLedger), so the NOT EXISTS is exact and an entry's id can be drawn
+// before it is inserted: postings then come from the same rows, with no join
+// between the statement's parts.
 const postReceipts = `
 WITH need AS (
-	SELECT t.id, t.block_hash, t.network, t.asset, t.to_address, t.amount FROM transfers t
+	SELECT nextval('ledger_entries_id_seq') AS eid, t.id, t.block_hash, t.network, t.asset, t.to_address, t.amount
+	FROM transfers t
 	WHERE t.state = 'confirmed'
 		AND NOT EXISTS (SELECT 1 FROM ledger_entries e WHERE e.kind = 'receipt' AND e.ref = t.id || '@' || t.block_hash)
 ), ins AS (
-	INSERT INTO ledger_entries (at, kind, ref, transfer_id)
-	SELECT $1, 'receipt', id || '@' || block_hash, id FROM need
-	ON CONFLICT DO NOTHING RETURNING id, transfer_id
+	INSERT INTO ledger_entries (id, at, kind, ref, transfer_id)
+	SELECT eid, $1, 'receipt', id || '@' || block_hash, id FROM need
 ), post AS (
 	INSERT INTO ledger_postings (entry_id, account, network, asset, amount)
-	SELECT ins.id, v.account, n.network, n.asset, v.amount
-	FROM ins JOIN need n ON n.id = ins.transfer_id
+	SELECT n.eid, v.account, n.network, n.asset, v.amount
+	FROM need n
 	CROSS JOIN LATERAL (VALUES ('wallet:' || n.network || ':' || n.to_address, n.amount),
 	                           ('suspense:' || n.network || ':' || n.asset, -n.amount)) AS v(account, amount)
 )
-SELECT count(*) FROM ins WHERE $2::timestamptz IS NOT NULL`
+SELECT count(*) FROM need WHERE $2::timestamptz IS NOT NULL`
 
 // postAttributions moves every confirmed matched transfer from suspense to
 // its order.
 const postAttributions = `
 WITH need AS (
-	SELECT t.id, t.block_hash, t.network, t.asset, t.order_id, t.amount FROM transfers t
+	SELECT nextval('ledger_entries_id_seq') AS eid, t.id, t.block_hash, t.network, t.asset, t.order_id, t.amount
+	FROM transfers t
 	WHERE t.state = 'confirmed' AND t.order_id IS NOT NULL
 		AND NOT EXISTS (SELECT 1 FROM ledger_entries e
 			WHERE e.kind = 'attribution' AND e.ref = t.id || '@' || t.block_hash || '>' || t.order_id)
 ), ins AS (
-	INSERT INTO ledger_entries (at, kind, ref, transfer_id, order_id)
-	SELECT $1, 'attribution', id || '@' || block_hash || '>' || order_id, id, order_id FROM need
-	ON CONFLICT DO NOTHING RETURNING id, transfer_id
+	INSERT INTO ledger_entries (id, at, kind, ref, transfer_id, order_id)
+	SELECT eid, $1, 'attribution', id || '@' || block_hash || '>' || order_id, id, order_id FROM need
 ), post AS (
 	INSERT INTO ledger_postings (entry_id, account, network, asset, amount)
-	SELECT ins.id, v.account, n.network, n.asset, v.amount
-	FROM ins JOIN need n ON n.id = ins.transfer_id
+	SELECT n.eid, v.account, n.network, n.asset, v.amount
+	FROM need n
 	CROSS JOIN LATERAL (VALUES ('suspense:' || n.network || ':' || n.asset, n.amount),
 	                           ('order:' || n.order_id, -n.amount)) AS v(account, amount)
 )
-SELECT count(*) FROM ins WHERE $2::timestamptz IS NOT NULL`
+SELECT count(*) FROM need WHERE $2::timestamptz IS NOT NULL`
 
 // transitionBatch decides and applies the next status of up to $4 orders
 // after id $3, with their timeline events, webhooks and ledger entries, in
@@ -182,7 +187,8 @@ WITH cand AS (
 		settled_at = CASE WHEN d.to_status = 'settled' THEN $1 ELSE o.settled_at END, updated_at = $1
 	FROM decided d
 	WHERE o.id = d.id AND (d.to_status, coalesce(d.to_reason, '')) <> (d.status, coalesce(d.dispute_reason, ''))
-	RETURNING o.id, d.status AS from_status, d.to_status, d.to_reason, d.received, o.network, o.asset
+	RETURNING o.id, d.status AS from_status, d.to_status, d.to_reason, d.received, o.network, o.asset,
+		CASE WHEN d.to_status = 'settled' AND d.received > 0 THEN nextval('ledger_entries_id_seq') END AS eid
 ), ev AS (
 	INSERT INTO order_events (order_id, at, type, from_status, to_status, actor, detail)
 	SELECT id, $1, 'status_changed', from_status, to_status, 'reconciler',
@@ -192,26 +198,31 @@ WITH cand AS (
 	INSERT INTO webhook_outbox (id, order_id, type, created_at, next_attempt_at)
 	SELECT 'evt_' || replace(gen_random_uuid()::text, '-', ''), id, 'order.' || to_status, $1, $1 FROM moved
 ), settle AS (
-	INSERT INTO ledger_entries (at, kind, ref, order_id)
-	SELECT $1, 'settlement', id || '@' || to_char($1, 'YYYYMMDDHH24MISSUS'), id FROM moved
-	WHERE to_status = 'settled' AND received > 0
-	RETURNING id, order_id
+	INSERT INTO ledger_entries (id, at, kind, ref, order_id)
+	SELECT eid, $1, 'settlement', id || '@' || to_char($1, 'YYYYMMDDHH24MISSUS'), id FROM moved
+	WHERE eid IS NOT NULL
 ), settle_post AS (
 	INSERT INTO ledger_postings (entry_id, account, network, asset, amount)
-	SELECT s.id, v.account, m.network, m.asset, v.amount
-	FROM settle s JOIN moved m ON m.id = s.order_id
+	SELECT m.eid, v.account, m.network, m.asset, v.amount
+	FROM moved m
 	CROSS JOIN LATERAL (VALUES ('order:' || m.id, m.received),
 	                           ('settled:' || m.network || ':' || m.asset, -m.received)) AS v(account, amount)
+	WHERE m.eid IS NOT NULL
+), unsettle_todo AS (
+	-- Driven from the (few) orders leaving settled, one index lookup each.
+	SELECT nextval('ledger_entries_id_seq') AS eid, e.id, e.order_id
+	FROM moved m CROSS JOIN LATERAL (
+		SELECT e.id, e.order_id FROM ledger_entries e
+		WHERE e.order_id = m.id AND e.kind = 'settlement'
+			AND NOT EXISTS (SELECT 1 FROM ledger_entries r WHERE r.reverses = e.id)
+	) e
+	WHERE m.from_status = 'settled'
 ), unsettle AS (
-	INSERT INTO ledger_entries (at, kind, ref, reverses, order_id)
-	SELECT $1, 'reversal', 'reverse:' || e.id, e.id, e.order_id
-	FROM ledger_entries e JOIN moved m ON m.id = e.order_id
-	WHERE m.from_status = 'settled' AND e.kind = 'settlement'
-		AND NOT EXISTS (SELECT 1 FROM ledger_entries r WHERE r.reverses = e.id)
-	RETURNING id, reverses
+	INSERT INTO ledger_entries (id, at, kind, ref, reverses, order_id)
+	SELECT eid, $1, 'reversal', 'reverse:' || id, id, order_id FROM unsettle_todo
 ), unsettle_post AS (
 	INSERT INTO ledger_postings (entry_id, account, network, asset, amount)
-	SELECT u.id, p.account, p.network, p.asset, -p.amount FROM unsettle u JOIN ledger_postings p ON p.entry_id = u.reverses
+	SELECT u.eid, p.account, p.network, p.asset, -p.amount FROM unsettle_todo u JOIN ledger_postings p ON p.entry_id = u.id
 )
 SELECT (SELECT count(*) FROM cand) AS candidates, (SELECT max(id) FROM cand) AS last_id,
 	(SELECT count(*) FROM moved) AS moved`

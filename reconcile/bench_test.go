@@ -1,0 +1,99 @@
+package reconcile_test
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"os"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+
+	"github.com/paywatch/paywatch/migrations/pgtest"
+	"github.com/paywatch/paywatch/reconcile"
+)
+
+// benchOrders is the number of orders BenchmarkSettle100k settles;
+// PAYWATCH_BENCH_ORDERS changes it for a quick run.
+var benchOrders = func() int {
+	if n, err := strconv.Atoi(os.Getenv("PAYWATCH_BENCH_ORDERS")); err == nil && n > 0 {
+		return n
+	}
+	return 100_000
+}()
+
+// seedMatched fills a fresh database with n confirming orders, each with its
+// exact confirmed transfer matched and its receipt and attribution posted:
+// what a pass finds just before it settles them.
+func seedMatched(b *testing.B, n int) (*sqlx.DB, time.Time) {
+	db := pgtest.New(b)
+	now := time.Now().UTC().Truncate(time.Microsecond)
+	for _, q := range []string{
+		`INSERT INTO orders (id, external_id, request_hash, network, asset, asset_contract, amount, pay_amount,
+			pay_address, unique_k, status, created_at, expires_at, monitor_until, updated_at)
+		SELECT 'ord_' || lpad(g::text, 8, '0'), 'bulk-' || g, '\x00', 'ethereum', 'USDT', 'c', 1000000 + g, 1000000 + g,
+			'0xshop', g % 10000, 'confirming', $1::timestamptz, $1::timestamptz + interval '1 hour',
+			$1::timestamptz + interval '25 hours', $1::timestamptz
+		FROM generate_series(1, $2) g`,
+		`INSERT INTO transfers (id, network, asset, asset_contract, tx_hash, tx_key, idx, to_address, amount,
+			block_number, block_hash, state, order_id, first_seen_at, updated_at, block_time)
+		SELECT 'trf_' || lpad(g::text, 8, '0'), 'ethereum', 'USDT', 'c', '0x' || lpad(to_hex(g), 64, '0'), 'k', 0, '0xshop',
+			1000000 + g, g, '0xb' || g, 'confirmed', 'ord_' || lpad(g::text, 8, '0'), $1::timestamptz, $1::timestamptz, $1::timestamptz
+		FROM generate_series(1, $2) g`,
+	} {
+		if _, err := db.Exec(q, now, n); err != nil {
+			b.Fatal(err)
+		}
+	}
+	// Receipts and attributions, as earlier passes post them.
+	rec := reconcile.New(db, slog.New(slog.NewTextHandler(io.Discard, nil)), time.Hour, 48*time.Hour)
+	rec.Now = func() time.Time { return now }
+	if n, err := rec.PostLedger(context.Background()); err != nil || n != 2*int64(n/2) || n == 0 {
+		b.Fatalf("seed ledger: %d entries, %v", n, err)
+	}
+	if _, err := db.Exec(`ANALYZE`); err != nil {
+		b.Fatal(err)
+	}
+	return db, now
+}
+
+// BenchmarkSettle100k compares one reconciler pass settling 100,000 matched
+// orders (with their timeline events, webhooks and ledger entries) with a
+// bare set-based UPDATE of the same rows' status. Run:
+//
+//	go test -run '^$' -bench BenchmarkSettle100k -benchtime 1x ./reconcile/
+func BenchmarkSettle100k(b *testing.B) {
+	b.Run("bare-update", func(b *testing.B) {
+		for b.Loop() {
+			b.StopTimer()
+			db, _ := seedMatched(b, benchOrders)
+			b.StartTimer()
+			res, err := db.Exec(`UPDATE orders SET status = 'settled', settled_at = now(), updated_at = now()
+				WHERE status = 'confirming'`)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if n, _ := res.RowsAffected(); n != int64(benchOrders) {
+				b.Fatalf("%d rows", n)
+			}
+		}
+	})
+	b.Run("reconciler-pass", func(b *testing.B) {
+		for b.Loop() {
+			b.StopTimer()
+			db, now := seedMatched(b, benchOrders)
+			rec := reconcile.New(db, slog.New(slog.NewTextHandler(io.Discard, nil)), time.Hour, 48*time.Hour)
+			rec.Now = func() time.Time { return now }
+			b.StartTimer()
+			res, err := rec.Pass(context.Background())
+			if err != nil {
+				b.Fatal(err)
+			}
+			if res.Transitions != int64(benchOrders) {
+				b.Fatalf("pass: %v", res)
+			}
+		}
+	})
+}
