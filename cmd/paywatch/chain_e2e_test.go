@@ -76,6 +76,11 @@ func TestPaymentsSeenAcrossDaemonKill(t *testing.T) {
 		chain.Mine(1)
 		return h
 	}
+	code, order := a.call("POST", "/v1/orders", e2eStorefrontKey,
+		`{"external_id":"gpu-1","network":"devnet","asset":"USDT","amount":"1234.000317"}`)
+	if code != 201 || order["pay_amount"] != "1234.000317" {
+		t.Fatalf("create: %d %v", code, order)
+	}
 	first := pay(1_234_000_317)
 	waitUntil(t, 30*time.Second, "the payment in GET /v1/transfers", func() bool { return len(a.transfers()) == 1 })
 	got := a.transfers()[0].(map[string]any)
@@ -87,6 +92,17 @@ func TestPaymentsSeenAcrossDaemonKill(t *testing.T) {
 		tr := b.transfers()
 		return len(tr) == 1 && tr[0].(map[string]any)["state"] == "confirmed" && tr[0].(map[string]any)["confirmations"].(float64) >= 2
 	})
+	// The order settles, with its one transfer and its confirmations.
+	waitUntil(t, 30*time.Second, "the order to settle", func() bool {
+		_, o := b.call("GET", "/v1/orders/"+order["id"].(string), e2eStorefrontKey, "")
+		return o["status"] == "settled"
+	})
+	_, settled := a.call("GET", "/v1/orders/"+order["id"].(string), e2eStorefrontKey, "")
+	trs := settled["transfers"].([]any)
+	if len(trs) != 1 || trs[0].(map[string]any)["tx_hash"] != first.Hex() || settled["confirmations"].(float64) < 2 ||
+		settled["received_amount"] != "1234.000317" {
+		t.Fatalf("settled order %v", settled)
+	}
 
 	holder, standby := a, b
 	if !strings.Contains(a.logText(), "lease taken") {
