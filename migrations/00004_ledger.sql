@@ -21,7 +21,7 @@ CREATE TABLE ledger_entries (
 );
 CREATE UNIQUE INDEX ledger_entries_reverses_key ON ledger_entries (reverses) WHERE reverses IS NOT NULL;
 CREATE INDEX ledger_entries_transfer_idx ON ledger_entries (transfer_id) WHERE transfer_id IS NOT NULL;
-CREATE INDEX ledger_entries_order_idx ON ledger_entries (order_id) WHERE order_id IS NOT NULL;
+CREATE INDEX ledger_entries_order_idx ON ledger_entries (order_id, kind) WHERE order_id IS NOT NULL;
 
 -- Orders the reconciler still looks at.
 CREATE INDEX orders_open_idx ON orders (id)

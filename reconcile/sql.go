@@ -139,14 +139,17 @@ SELECT count(*) FROM need WHERE $2::timestamptz IS NOT NULL`
 // one statement. $2 is paid_grace in seconds.
 const transitionBatch = `
 WITH cand AS (
-	SELECT id FROM (
-		SELECT o.id FROM orders o
+	-- Each branch walks an index from $3 and stops after $4 rows.
+	SELECT DISTINCT id FROM (
+		(SELECT o.id FROM orders o
 		WHERE o.id > $3 AND o.status IN ('awaiting_payment', 'confirming', 'expired', 'disputed')
 			AND (o.status IN ('awaiting_payment', 'confirming') OR o.monitor_until > $1
 			     OR EXISTS (SELECT 1 FROM transfers t WHERE t.order_id = o.id AND t.state = 'seen'))
-		UNION
-		SELECT t.order_id FROM transfers t JOIN orders o ON o.id = t.order_id
+		ORDER BY o.id LIMIT $4)
+		UNION ALL
+		(SELECT t.order_id FROM transfers t JOIN orders o ON o.id = t.order_id
 		WHERE t.state = 'orphaned' AND o.status = 'settled' AND t.order_id > $3
+		ORDER BY t.order_id LIMIT $4)
 	) c ORDER BY id LIMIT $4
 ), locked AS (
 	SELECT o.* FROM orders o WHERE o.id IN (SELECT id FROM cand) FOR UPDATE SKIP LOCKED
