@@ -223,6 +223,11 @@ func TestEndToEnd(t *testing.T) {
 	if code := d2.stop(); code != 0 {
 		t.Fatalf("exit code: %d", code)
 	}
+	once := exec.Command(bin, "reconcile", "--config", configPath, "--once")
+	once.Env = daemonEnv(dbURL)
+	if out, err := once.CombinedOutput(); err != nil || !strings.Contains(string(out), "reconciled: matched=0") {
+		t.Fatalf("reconcile --once: %v\n%s", err, out)
+	}
 }
 
 // SIGTERM lets a request in flight finish before the process exits 0.

@@ -27,25 +27,25 @@ import (
 // shutdownTimeout bounds how long in-flight requests may take to finish.
 const shutdownTimeout = 30 * time.Second
 
-// loadConfig parses the common --config flag and loads the file.
-func loadConfig(e *env, name string, args []string) (*config.Config, error) {
+// loadConfig parses the common --config flag (and any flags define adds)
+// and loads the file.
+func loadConfig(e *env, name string, args []string, define ...func(*flag.FlagSet)) (*config.Config, error) {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(e.stderr)
 	path := fs.String("config", "", "configuration file (YAML)")
+	for _, d := range define {
+		d(fs)
+	}
 	if err := fs.Parse(args); err != nil {
 		return nil, usageError{err}
 	}
 	if fs.NArg() > 0 {
 		return nil, usageError{fmt.Errorf("unexpected arguments: %v", fs.Args())}
 	}
-	return loadConfigFile(e, *path)
-}
-
-func loadConfigFile(e *env, path string) (*config.Config, error) {
-	if path == "" {
+	if *path == "" {
 		return nil, usageError{errors.New("--config FILE is required")}
 	}
-	cfg, err := config.Load(path, e.getenv)
+	cfg, err := config.Load(*path, e.getenv)
 	if err != nil {
 		return nil, usageError{err}
 	}
@@ -205,19 +205,15 @@ func newReconciler(db *sqlx.DB, log *slog.Logger, cfg *config.Config) *reconcile
 }
 
 func reconcileCommand(ctx context.Context, e *env, args []string) error {
-	fs := flag.NewFlagSet("reconcile", flag.ContinueOnError)
-	fs.SetOutput(e.stderr)
-	path := fs.String("config", "", "configuration file (YAML)")
-	once := fs.Bool("once", false, "run one pass, then exit")
-	if err := fs.Parse(args); err != nil {
-		return usageError{err}
-	}
-	if !*once {
-		return usageError{errors.New("only --once is supported: serve runs the scheduled reconciler")}
-	}
-	cfg, err := loadConfigFile(e, *path)
+	var once bool
+	cfg, err := loadConfig(e, "reconcile", args, func(fs *flag.FlagSet) {
+		fs.BoolVar(&once, "once", false, "run one pass, then exit")
+	})
 	if err != nil {
 		return err
+	}
+	if !once {
+		return usageError{errors.New("only --once is supported: serve runs the scheduled reconciler")}
 	}
 	db, err := openDatabase(ctx, e.log, cfg.DatabaseURL)
 	if err != nil {
