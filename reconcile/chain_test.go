@@ -52,8 +52,11 @@ func newChainEnv(t *testing.T) *chainEnv {
 	f := &fixture{t: t, db: db, clock: clk, store: orders.NewStore(db, window, nil),
 		rec: reconcile.New(db, log, grace, 8*24*time.Hour), op: reconcile.NewOperator(db)}
 	f.store.Now, f.rec.Now, f.op.Now = clk.Now, clk.Now, clk.Now
+	scans := scan.NewStore(db)
 	e := &chainEnv{fixture: f, chain: c, token: tok, network: n, asset: asset,
-		scanner: scan.NewScanner(n, src, scan.NewStore(db), log), shop: shopAddr}
+		scanner: scan.NewScanner(n, src, scans, log), shop: shopAddr}
+	f.rec.Lookups = map[string]reconcile.TxLookup{"devnet": src}
+	f.rec.Record = scans.Record
 	t.Cleanup(func() {
 		e.sync()
 		if err := reconcile.CheckInvariants(context.Background(), db); err != nil {
@@ -237,5 +240,24 @@ func TestChainOperatorAttachAndResolve(t *testing.T) {
 		if b.Amount.Sign() != 0 {
 			t.Fatalf("suspense after the attach: %+v", b)
 		}
+	}
+}
+
+// A tx hash given with "I've paid" is read from the node at once, before the
+// scanner reaches its block; the scanner later sees the same transfer.
+func TestChainHintFoundBeforeTheScanner(t *testing.T) {
+	e := newChainEnv(t)
+	e.sync() // the cursor is at the head now
+	o := e.order(2_000_000)
+	h := e.payOnChain(2_000_000)
+	e.store.MarkPaid(context.Background(), o.ID, h.Hex(), "shop")
+	e.pass() // no scan step: only the lookup can have found it
+	e.expect(o, paywatch.StatusConfirming, "")
+	e.chain.Mine(3)
+	e.sync()
+	e.expect(o, paywatch.StatusSettled, "")
+	var n int
+	if err := e.db.Get(&n, `SELECT count(*) FROM transfers`); err != nil || n != 1 {
+		t.Fatalf("%d transfers recorded (%v), want 1", n, err)
 	}
 }

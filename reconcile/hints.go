@@ -48,6 +48,9 @@ func (r *Reconciler) checkHints(ctx context.Context, now time.Time) (int64, erro
 	}
 	var attached int64
 	for _, o := range pending {
+		if err := r.lookUpHint(ctx, o); err != nil {
+			r.log.Warn("could not look up the customer's tx hash on chain", "order", o.ID, "tx_hash", o.Hint, "err", err)
+		}
 		n, err := r.followHint(ctx, o, now)
 		if err != nil {
 			return attached, fmt.Errorf("order %s: %w", o.ID, err)
@@ -105,4 +108,25 @@ func (r *Reconciler) followHint(ctx context.Context, o hintRow, now time.Time) (
 		return orders.EnqueueWebhook(ctx, tx, o.ID, now, orders.WebhookDisputed)
 	})
 	return attached, err
+}
+
+// lookUpHint asks the network's node for the hinted transaction when no
+// transfer of it is recorded yet, and records what it paid.
+func (r *Reconciler) lookUpHint(ctx context.Context, o hintRow) error {
+	lookup := r.Lookups[o.Network]
+	if lookup == nil || r.Record == nil {
+		return nil
+	}
+	var known bool
+	if err := r.db.GetContext(ctx, &known, `SELECT EXISTS (SELECT 1 FROM transfers
+		WHERE network = $1 AND lower(tx_hash) = lower($2))`, o.Network, o.Hint); err != nil || known {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	found, err := lookup.LookupTx(ctx, o.Hint)
+	if err != nil || len(found) == 0 {
+		return err
+	}
+	return r.Record(ctx, o.Network, found)
 }

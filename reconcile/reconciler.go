@@ -18,6 +18,7 @@ import (
 
 	"github.com/jmoiron/sqlx"
 
+	"github.com/paywatch/paywatch/chains/scan"
 	"github.com/paywatch/paywatch/reconcile/orders"
 )
 
@@ -37,6 +38,16 @@ type Reconciler struct {
 	Lookback time.Duration
 	// Batch is the number of orders per transition statement.
 	Batch int
+	// Lookups read a transaction straight from a network's node, by
+	// network name, for "I've paid" hints the scanner has not reached.
+	Lookups map[string]TxLookup
+	// Record stores what a lookup found.
+	Record func(ctx context.Context, network string, found []scan.Found) error
+}
+
+// TxLookup reads one transaction's transfers to watched addresses.
+type TxLookup interface {
+	LookupTx(ctx context.Context, hash string) ([]scan.Found, error)
 }
 
 // New returns a Reconciler.

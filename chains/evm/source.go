@@ -471,3 +471,60 @@ func stateUnavailable(err error) bool {
 	return strings.Contains(msg, "missing trie node") || strings.Contains(msg, "state not available") ||
 		strings.Contains(msg, "historical state") || strings.Contains(msg, "pruned")
 }
+
+// LookupTx reads one transaction from the node — its receipt's Transfer
+// logs and, for the native coin, the transaction itself — and returns the
+// transfers it made to watched addresses. It lets a customer's tx hash be
+// checked before the scanner reaches its block. A transaction not mined (or
+// not known to the node) yields nothing; a reverted one too.
+func (s *Source) LookupTx(ctx context.Context, hash string) ([]scan.Found, error) {
+	if !ValidTxHash(hash) {
+		return nil, fmt.Errorf("%q is not a transaction hash", hash)
+	}
+	var receipt *struct {
+		Status      hexutil.Uint64 `json:"status"`
+		BlockHash   common.Hash    `json:"blockHash"`
+		BlockNumber hexutil.Uint64 `json:"blockNumber"`
+		Logs        []types.Log    `json:"logs"`
+	}
+	var tx *rpcTx
+	var block *struct {
+		Time hexutil.Uint64 `json:"timestamp"`
+	}
+	err := s.nodes.call(ctx, func(ctx context.Context, e *endpoint) error {
+		if err := e.rpc.BatchCallContext(ctx, []rpc.BatchElem{
+			{Method: "eth_getTransactionReceipt", Args: []any{hash}, Result: &receipt},
+			{Method: "eth_getTransactionByHash", Args: []any{hash}, Result: &tx},
+		}); err != nil {
+			return err
+		}
+		if receipt == nil {
+			return nil
+		}
+		return e.rpc.CallContext(ctx, &block, "eth_getBlockByHash", receipt.BlockHash, false)
+	})
+	if err != nil || receipt == nil || tx == nil || uint64(receipt.Status) != types.ReceiptStatusSuccessful {
+		return nil, err
+	}
+	var at time.Time
+	if block != nil {
+		at = time.Unix(int64(block.Time), 0).UTC()
+	}
+	found := s.tokenTransfers(receipt.Logs)
+	if s.native != nil && tx.To != nil && s.nativeWatch[*tx.To] && tx.Value != nil && tx.Value.ToInt().Sign() > 0 {
+		found = append(found, scan.Found{Asset: s.native, TxHash: tx.Hash.Hex(), TxKey: "native", Index: int64(tx.TransactionIndex),
+			From: tx.From.Hex(), To: tx.To.Hex(), Amount: tx.Value.ToInt(), BlockNumber: uint64(receipt.BlockNumber),
+			BlockHash: receipt.BlockHash.Hex()})
+	}
+	for i := range found {
+		if found[i].BlockTime.IsZero() {
+			found[i].BlockTime = at
+		}
+	}
+	if s.VerifyBalances && len(found) > 0 {
+		if err := s.verifyBalances(ctx, found, receipt.Logs); err != nil {
+			return nil, err
+		}
+	}
+	return found, nil
+}

@@ -305,3 +305,19 @@ func (s *Store) Statuses(ctx context.Context) (map[string]Status, error) {
 	}
 	return out, nil
 }
+
+// Record stores transfers found outside a scan (a customer's tx hash looked
+// up directly) without moving the cursor. The scanner sees them again when it
+// reaches their block: same identity, recorded once.
+func (s *Store) Record(ctx context.Context, network string, found []Found) error {
+	now := s.Now().UTC().Truncate(time.Microsecond)
+	tx, err := s.db.BeginTxx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("begin: %w", err)
+	}
+	defer tx.Rollback()
+	if err := upsertTransfers(ctx, tx, network, found, now); err != nil {
+		return err
+	}
+	return tx.Commit()
+}

@@ -113,7 +113,9 @@ func newDaemon(ctx context.Context, log *slog.Logger, cfg *config.Config) (*daem
 	}
 	store := orders.NewStore(db, cfg.Orders.MonitoringWindow, wallets)
 	scans := scan.NewStore(db)
-	runner := reconcile.NewRunner(newReconciler(db, log, cfg), cfg.ReconcilerSchedule, cfg.DatabaseURL, scan.NotifyChannel, log)
+	rec := newReconciler(db, log, cfg)
+	rec.Record = scans.Record
+	runner := reconcile.NewRunner(rec, cfg.ReconcilerSchedule, cfg.DatabaseURL, scan.NotifyChannel, log)
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		db.Close()
@@ -138,6 +140,7 @@ func newDaemon(ctx context.Context, log *slog.Logger, cfg *config.Config) (*daem
 				return nil, fmt.Errorf("network %s: %w", n.Name, err)
 			}
 			d.watchers = append(d.watchers, watcher{network: n, scanner: scan.NewScanner(n, src, scans, log), close: src.Close})
+			rec.Lookups[n.Name] = src
 		default:
 			log.Warn("no watcher for this chain family yet; orders are served, payments not seen", "network", n.Name, "family", n.Family)
 		}
@@ -201,7 +204,9 @@ func (d *daemon) Close() {
 
 // newReconciler builds the reconciler the configuration describes.
 func newReconciler(db *sqlx.DB, log *slog.Logger, cfg *config.Config) *reconcile.Reconciler {
-	return reconcile.New(db, log, cfg.Orders.PaidGrace, cfg.Orders.MaxExpiry+cfg.Orders.MonitoringWindow)
+	r := reconcile.New(db, log, cfg.Orders.PaidGrace, cfg.Orders.MaxExpiry+cfg.Orders.MonitoringWindow)
+	r.Lookups = map[string]reconcile.TxLookup{}
+	return r
 }
 
 func reconcileCommand(ctx context.Context, e *env, args []string) error {
