@@ -19,10 +19,15 @@ CREATE TABLE chain_reorgs (
 );
 
 ALTER TABLE chain_cursors ADD COLUMN halted BOOLEAN NOT NULL DEFAULT false;
+-- The first block this network was scanned from: a reorg reaching below
+-- every kept hash is handled by rescanning from it only while scanning began
+-- less than a window ago.
+ALTER TABLE chain_cursors ADD COLUMN first_block BIGINT;
 ALTER TABLE transfers ADD COLUMN orphaned_at TIMESTAMPTZ;
 
 -- +goose Down
 ALTER TABLE transfers DROP COLUMN orphaned_at;
+ALTER TABLE chain_cursors DROP COLUMN first_block;
 ALTER TABLE chain_cursors DROP COLUMN halted;
 DROP TABLE chain_reorgs;
 DROP TABLE chain_blocks;

@@ -152,6 +152,7 @@ func (s *Scanner) Step(ctx context.Context) (caughtUp bool, err error) {
 	}
 	// Fast path: the batch after the cursor was read ahead, with the head and
 	// the cursor's hash in the same round trip.
+	var ahead *prefetch // read ahead for the block after the cursor
 	if cur != nil {
 		p, err := s.takePrefetch(ctx, cur.Number+1)
 		if err != nil {
@@ -160,6 +161,9 @@ func (s *Scanner) Step(ctx context.Context) (caughtUp bool, err error) {
 		if p != nil && p.err == nil && p.batch.Head != nil && p.batch.Parent != nil &&
 			p.batch.Parent.Number == cur.Number && p.batch.Parent.Hash == cur.Hash && p.to <= p.batch.Head.Number {
 			return s.commitBatch(ctx, cur, nil, p.from, p.to, *p.batch.Head, p.batch)
+		}
+		if p != nil && p.err == nil {
+			ahead = p // usable once the cursor is checked below
 		}
 	}
 
@@ -210,7 +214,12 @@ func (s *Scanner) Step(ctx context.Context) (caughtUp bool, err error) {
 		return true, nil
 	}
 	to := min(head.Number, from+s.batch-1)
-	batch, err := s.Source.Scan(ctx, from, to)
+	var batch *Batch
+	if ahead != nil && orphanAbove == nil && ahead.from == from && ahead.to <= head.Number {
+		to, batch = ahead.to, ahead.batch
+	} else {
+		batch, err = s.Source.Scan(ctx, from, to)
+	}
 	if errors.Is(err, ErrRangeTooLarge) && to > from {
 		s.batch = max((to-from+1)/2, 1)
 		s.successes = 0
@@ -243,7 +252,7 @@ func (s *Scanner) commitBatch(ctx context.Context, cur *Block, orphanAbove *uint
 		return false, err
 	}
 	commit := Commit{Network: s.Network.Name, Prev: cur, OrphanAbove: orphanAbove, Batch: batch, Cursor: &last,
-		Head: head, ConfirmedAtOrBelow: s.confirmedAtOrBelow(head), Window: s.Window}
+		Head: head, ConfirmedAtOrBelow: s.confirmedAtOrBelow(head), Window: s.Window, First: from}
 	// While this batch commits, read the next one: fetching and storing
 	// overlap, which matters most when the node is far away.
 	if last.Number < head.Number {
@@ -372,16 +381,19 @@ func (s *Scanner) forkPoint(ctx context.Context, cur *Block) (uint64, error) {
 			return b.Number, nil
 		}
 	}
-	lowest := stored[len(stored)-1].Number
-	if cur.Number >= s.Window && lowest <= cur.Number-s.Window {
+	// No kept hash is canonical any more. That is a guess unless scanning
+	// began less than a window ago: then rescan from where it began.
+	first, known, err := s.Store.FirstBlock(ctx, s.Network.Name)
+	if err != nil {
+		return 0, err
+	}
+	if !known || cur.Number-first >= s.Window {
 		return 0, fmt.Errorf("%w (%d blocks below %d)", ErrReorgTooDeep, s.Window, cur.Number)
 	}
-	// Scanning began less than a window ago, below every kept hash: rescan
-	// from the first block scanned.
-	if lowest == 0 {
+	if first == 0 {
 		return 0, fmt.Errorf("%w: genesis changed", ErrReorgTooDeep)
 	}
-	return lowest - 1, nil
+	return first - 1, nil
 }
 
 // HashBatcher is implemented by Sources that read many block hashes in one

@@ -36,13 +36,27 @@ type cursorRow struct {
 	Number *int64  `db:"block_number"`
 	Hash   *string `db:"block_hash"`
 	Halted bool    `db:"halted"`
+	First  *int64  `db:"first_block"`
+}
+
+// FirstBlock returns the block a network's scanning began at, if known.
+func (s *Store) FirstBlock(ctx context.Context, network string) (uint64, bool, error) {
+	var first *int64
+	err := s.db.GetContext(ctx, &first, `SELECT first_block FROM chain_cursors WHERE network = $1`, network)
+	if errors.Is(err, sql.ErrNoRows) || (err == nil && first == nil) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("read first block of %s: %w", network, err)
+	}
+	return uint64(*first), true, nil
 }
 
 // Cursor returns the last scanned block of network (nil before the first
 // batch) and whether the scanner was halted by a reorg too deep to handle.
 func (s *Store) Cursor(ctx context.Context, network string) (*Block, bool, error) {
 	var r cursorRow
-	err := s.db.GetContext(ctx, &r, `SELECT block_number, block_hash, halted FROM chain_cursors WHERE network = $1`, network)
+	err := s.db.GetContext(ctx, &r, `SELECT block_number, block_hash, halted, first_block FROM chain_cursors WHERE network = $1`, network)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, false, nil
 	}
@@ -90,6 +104,9 @@ type Commit struct {
 	ConfirmedAtOrBelow uint64
 	// Window is how many blocks of hashes to keep below the cursor.
 	Window uint64
+	// First is the batch's first block, remembered as where scanning began
+	// when the network has no cursor yet.
+	First uint64
 }
 
 // Commit writes a scan step atomically: reorg rewind, transfers, block
@@ -103,7 +120,7 @@ func (s *Store) Commit(ctx context.Context, c Commit) (orphaned int, err error) 
 	defer tx.Rollback()
 
 	var cur cursorRow
-	err = tx.GetContext(ctx, &cur, `SELECT block_number, block_hash, halted FROM chain_cursors WHERE network = $1 FOR UPDATE`, c.Network)
+	err = tx.GetContext(ctx, &cur, `SELECT block_number, block_hash, halted, first_block FROM chain_cursors WHERE network = $1 FOR UPDATE`, c.Network)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 		cur = cursorRow{} // sqlx may have allocated the pointer fields
@@ -170,9 +187,14 @@ func (s *Store) Commit(ctx context.Context, c Commit) (orphaned int, err error) 
 		n := int64(c.Cursor.Number)
 		number, hash = &n, &c.Cursor.Hash
 	}
+	var first *int64
+	if c.Batch != nil {
+		f := int64(c.First)
+		first = &f
+	}
 	if _, err := tx.ExecContext(ctx, `UPDATE chain_cursors SET block_number = $2, block_hash = $3, head = $4,
-		finalized = $5, last_error = NULL, updated_at = $6 WHERE network = $1`,
-		c.Network, number, hash, int64(c.Head.Number), int64(c.Head.Finalized), now); err != nil {
+		finalized = $5, last_error = NULL, updated_at = $6, first_block = COALESCE(first_block, $7) WHERE network = $1`,
+		c.Network, number, hash, int64(c.Head.Number), int64(c.Head.Finalized), now, first); err != nil {
 		return 0, fmt.Errorf("advance cursor of %s: %w", c.Network, err)
 	}
 	if _, err := tx.ExecContext(ctx, `SELECT pg_notify($1, $2)`, NotifyChannel, c.Network); err != nil {

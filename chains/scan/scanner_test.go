@@ -1,0 +1,209 @@
+package scan
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/big"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/paywatch/paywatch"
+	"github.com/paywatch/paywatch/migrations/pgtest"
+)
+
+// fakeChain is a chain in memory: a Source for unit tests of the scanner's
+// logic (the real-node tests live in chains/evm). Each block may hold one
+// payment; maxRange makes it refuse wide scans.
+type fakeChain struct {
+	mu       sync.Mutex // the scanner reads ahead from another goroutine
+	hashes   []string   // canonical hash by height
+	payments map[uint64]int64
+	maxRange uint64
+	scans    [][2]uint64
+}
+
+func newFakeChain(n int) *fakeChain {
+	c := &fakeChain{payments: map[uint64]int64{}}
+	c.extend(n, "a")
+	return c
+}
+
+func (c *fakeChain) extend(n int, fork string) {
+	for i := 0; i < n; i++ {
+		c.hashes = append(c.hashes, fmt.Sprintf("0x%s%d", fork, len(c.hashes)))
+	}
+}
+
+// reorg replaces the last depth blocks with new ones (and their payments).
+func (c *fakeChain) reorg(depth int, fork string) {
+	for h := len(c.hashes) - depth; h < len(c.hashes); h++ {
+		delete(c.payments, uint64(h))
+	}
+	c.hashes = c.hashes[:len(c.hashes)-depth]
+	c.extend(depth, fork)
+}
+
+func (c *fakeChain) Head(context.Context) (Head, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return Head{Number: uint64(len(c.hashes) - 1)}, nil
+}
+
+func (c *fakeChain) BlockHash(_ context.Context, n uint64) (string, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if n >= uint64(len(c.hashes)) {
+		return "", ErrNoBlock
+	}
+	return c.hashes[n], nil
+}
+
+var fakeAsset = &paywatch.Asset{Network: "fake", Symbol: "TOK", Contract: "0xc"}
+
+func (c *fakeChain) Scan(_ context.Context, from, to uint64) (*Batch, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.maxRange > 0 && to-from+1 > c.maxRange {
+		return nil, fmt.Errorf("%w: %d blocks", ErrRangeTooLarge, to-from+1)
+	}
+	c.scans = append(c.scans, [2]uint64{from, to})
+	b := &Batch{Blocks: []Block{{Number: to, Hash: c.hashes[to]}}}
+	for n := from; n <= to; n++ {
+		if amt, ok := c.payments[n]; ok {
+			b.Transfers = append(b.Transfers, Found{Asset: fakeAsset, TxHash: fmt.Sprintf("0xt%d-%s", n, c.hashes[n]),
+				TxKey: "k", To: "0xshop", Amount: big.NewInt(amt), BlockNumber: n, BlockHash: c.hashes[n]})
+		}
+	}
+	return b, nil
+}
+
+func newTestScanner(t *testing.T, c *fakeChain) (*Scanner, *Store) {
+	db := pgtest.New(t)
+	store := NewStore(db)
+	n := &paywatch.Network{Name: "fake", Confirmations: 2, PollInterval: time.Millisecond}
+	return NewScanner(n, c, store, slog.New(slog.NewTextHandler(io.Discard, nil))), store
+}
+
+func drain(t *testing.T, s *Scanner) {
+	t.Helper()
+	for i := 0; i < 1000; i++ {
+		done, err := s.Step(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if done {
+			return
+		}
+	}
+	t.Fatal("never caught up")
+}
+
+func live(t *testing.T, store *Store) map[string]string {
+	t.Helper()
+	var rows []struct {
+		Hash  string `db:"tx_hash"`
+		State string `db:"state"`
+	}
+	if err := store.db.Select(&rows, `SELECT tx_hash, state FROM transfers`); err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, r := range rows {
+		out[r.Hash] = r.State
+	}
+	return out
+}
+
+// Refused ranges are halved until accepted, then grown back; no block is
+// skipped or scanned twice.
+func TestAdaptiveRange(t *testing.T) {
+	c := newFakeChain(1000)
+	for n := uint64(0); n < 1000; n += 37 {
+		c.payments[n] = int64(n + 1)
+	}
+	c.maxRange = 100
+	s, store := newTestScanner(t, c)
+	s.MaxBatch = 800
+	drain(t, s)
+	next := uint64(0)
+	for _, r := range c.scans {
+		if r[0] != next || r[1]-r[0]+1 > 100 {
+			t.Fatalf("scanned %v after block %d", r, next)
+		}
+		next = r[1] + 1
+	}
+	if next != 1000 || len(live(t, store)) != 28 {
+		t.Fatalf("scanned up to %d, %d transfers", next, len(live(t, store)))
+	}
+	// Once the node accepts more, the batch grows back to the maximum.
+	c.maxRange = 0
+	c.extend(5000, "a")
+	before := len(c.scans)
+	drain(t, s)
+	if widest := c.scans[len(c.scans)-1][1] - c.scans[len(c.scans)-1][0] + 1; len(c.scans)-before > 12 || widest < 400 {
+		t.Fatalf("%d scans for 5000 blocks, last one %d wide: the range did not grow back", len(c.scans)-before, widest)
+	}
+}
+
+// A reorg within the window orphans exactly the replaced blocks'
+// transfers; one below the window halts the scanner and stays halted.
+func TestReorgWalkBack(t *testing.T) {
+	c := newFakeChain(50)
+	for n := uint64(40); n < 50; n++ {
+		c.payments[n] = 1
+	}
+	s, store := newTestScanner(t, c)
+	s.MaxBatch = 10
+	drain(t, s)
+	c.reorg(4, "b")
+	c.payments[48] = 2
+	drain(t, s)
+	orphaned, seen := 0, 0
+	for h, state := range live(t, store) {
+		switch {
+		case state == "orphaned":
+			orphaned++
+			if h < "0xt46" {
+				t.Fatalf("transfer %s below the fork orphaned", h)
+			}
+		default:
+			seen++
+		}
+	}
+	if orphaned != 4 || seen != 7 {
+		t.Fatalf("%d orphaned, %d live; want 4 and 7", orphaned, seen)
+	}
+	// A scanner that keeps 5 blocks of hashes meets a 20-block reorg.
+	c2 := newFakeChain(50)
+	short, store2 := newTestScanner(t, c2)
+	short.Window, short.MaxBatch = 5, 10
+	drain(t, short)
+	c2.reorg(20, "c")
+	s = short
+	_, err := s.Step(context.Background())
+	if !errors.Is(err, ErrReorgTooDeep) {
+		t.Fatalf("deep reorg: %v", err)
+	}
+	if err := store2.RecordStatus(context.Background(), "fake", nil, err.Error(), true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Step(context.Background()); !errors.Is(err, ErrReorgTooDeep) {
+		t.Fatalf("a halted scanner resumed by itself: %v", err)
+	}
+}
+
+func TestBackoffIsCappedWithJitter(t *testing.T) {
+	for n := 1; n < 20; n++ {
+		d := backoff(100*time.Millisecond, 2*time.Second, n)
+		if d <= 0 || d > 2*time.Second {
+			t.Fatalf("backoff(%d) = %s", n, d)
+		}
+	}
+	if d := backoff(100*time.Millisecond, 2*time.Second, 1); d > 100*time.Millisecond || d < 50*time.Millisecond {
+		t.Fatalf("first backoff %s", d)
+	}
+}
