@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"math/big"
+	"strings"
 	"testing"
 	"time"
 
@@ -184,6 +185,14 @@ func TestChainReorgUndoesTheMatch(t *testing.T) {
 	e.chain.Reorg(5, 1, false, nil) // deeper than the confirmations: the payment is gone
 	e.sync()
 	e.expect(o, paywatch.StatusDisputed, paywatch.ReasonOrphanedPayment)
+	events, _ := e.store.Events(context.Background(), o.ID)
+	var types []string
+	for _, ev := range events {
+		types = append(types, ev.Type)
+	}
+	if !strings.Contains(strings.Join(types, ","), "transfer_orphaned,status_changed") {
+		t.Fatalf("timeline after the reorg: %v", types)
+	}
 	for _, acct := range []string{"settled:devnet:USDT", "order:" + o.ID, "wallet:devnet:" + e.shop.Hex()} {
 		if b := e.balance(acct); b != "0" {
 			t.Fatalf("%s = %s after the reorg", acct, b)

@@ -155,6 +155,14 @@ func (s *Store) Commit(ctx context.Context, c Commit) (orphaned int, err error) 
 		if err := tx.GetContext(ctx, &orphaned, `SELECT count(*) FROM transfers WHERE network = $1 AND orphaned_at = $2`, c.Network, now); err != nil {
 			return 0, fmt.Errorf("count orphaned transfers: %w", err)
 		}
+		// The dossiers of matched transfers the reorg took away say so on
+		// their timelines (the reconciler moves their status and ledger).
+		if _, err := tx.ExecContext(ctx, `INSERT INTO order_events (order_id, at, type, actor, detail)
+			SELECT order_id, $2, 'transfer_orphaned', 'scanner',
+				jsonb_build_object('transfer_id', id, 'tx_hash', tx_hash, 'block_number', block_number, 'block_hash', block_hash)
+			FROM transfers WHERE network = $1 AND orphaned_at = $2 AND order_id IS NOT NULL`, c.Network, now); err != nil {
+			return 0, fmt.Errorf("note orphaned transfers on timelines: %w", err)
+		}
 		old := int64(-1)
 		if c.Prev != nil {
 			old = int64(c.Prev.Number)
