@@ -61,17 +61,23 @@ func (s *Store) Create(ctx context.Context, req CreateRequest) (order *paywatch.
 	if err != nil {
 		return nil, false, err
 	}
-	if o, err := s.replay(ctx, &req, hash); o != nil || err != nil {
-		return o, false, err
-	}
+	// Insert first: a replay shows up as a unique violation on external_id
+	// or Idempotency-Key (its transaction, slot included, rolls back), so a
+	// new order costs no look-up.
 	id, err := s.insert(ctx, &req, hash)
 	if c := constraint(err); c == "orders_external_id_key" || c == "orders_idempotency_key" {
-		// A concurrent request with the same identity won the race.
+		// An earlier (or concurrent) request with the same identity.
 		o, err := s.replay(ctx, &req, hash)
 		if o == nil && err == nil {
 			err = fmt.Errorf("order vanished after conflict on %s", c)
 		}
 		return o, false, err
+	}
+	if paywatch.ErrorCode(err) == paywatch.CodeNoUniqueAmount {
+		// A replay of an order that took the last slot is still a replay.
+		if o, rerr := s.replay(ctx, &req, hash); o != nil || rerr != nil {
+			return o, false, rerr
+		}
 	}
 	if err != nil {
 		return nil, false, err

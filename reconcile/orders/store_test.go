@@ -163,6 +163,13 @@ func TestSlotExhaustionWritesNothing(t *testing.T) {
 	if before != after {
 		t.Fatalf("rows before %v, after %v", before, after)
 	}
+	// A retry of an order that holds one of the slots is still answered.
+	if o, created, err := s.Create(ctx, req("2", &small, 10)); err != nil || created || o.ExternalID != "2" {
+		t.Fatalf("replay with every slot held: %v %v %v", o, created, err)
+	}
+	if _, _, err := s.Create(ctx, req("2", &small, 11)); paywatch.ErrorCode(err) != paywatch.CodeConflict {
+		t.Fatalf("conflicting replay with every slot held: %v", err)
+	}
 	// Another amount still works; a second address adds capacity.
 	if _, _, err := s.Create(ctx, req("y", &small, 20)); err != nil {
 		t.Fatal(err)
