@@ -1,11 +1,14 @@
 package evm_test
 
 import (
+	"context"
 	"fmt"
 	"math/big"
 	"testing"
 
 	"github.com/ethereum/go-ethereum/common"
+
+	"github.com/paywatch/paywatch/chains/scan"
 )
 
 // Reorgs of depth 1 to confirmations + 2 orphan exactly the transfers of
@@ -109,5 +112,38 @@ func TestReorgDeeperThanWindowHalts(t *testing.T) {
 		if g.State == "orphaned" {
 			t.Fatalf("a halted scanner guessed: %s", g)
 		}
+	}
+	// Run waits while halted, and goes on once an operator rewinds.
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	waitFor(t, func() bool {
+		var halted bool
+		_ = e.db.Get(&halted, `SELECT halted FROM chain_cursors WHERE network = 'devnet'`)
+		return halted
+	}, "the halt recorded")
+	fork := c.Head() - 8
+	if _, err := e.store.Rewind(t.Context(), "devnet", scan.Block{Number: fork, Hash: c.HashAt(fork).Hex()}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool {
+		var cursor int64
+		_ = e.db.Get(&cursor, `SELECT block_number FROM chain_cursors WHERE network = 'devnet'`)
+		return uint64(cursor) == c.Head()
+	}, "the rescan after the rewind")
+	cancel()
+	<-done
+	live, orphaned := 0, 0
+	for _, g := range e.transfers() {
+		if g.State == "orphaned" {
+			orphaned++
+		} else if g.Hash != c.HashAt(g.Block).Hex() {
+			t.Fatalf("live transfer %s is not canonical", g)
+		} else {
+			live++
+		}
+	}
+	if orphaned != 7 || live != 1 {
+		t.Fatalf("after the rescan: %d orphaned, %d live; want 7 and 1", orphaned, live)
 	}
 }

@@ -87,10 +87,12 @@ func NewScanner(n *paywatch.Network, src Source, store *Store, log *slog.Logger)
 }
 
 // Run scans until ctx ends. Errors are recorded on the network's status and
-// retried with capped exponential backoff; a reorg deeper than the window
-// halts the scanner and is returned.
+// retried with capped exponential backoff. A reorg deeper than the window
+// halts the network until an operator rewinds it (Store.Rewind); Run waits
+// for that and goes on.
 func (s *Scanner) Run(ctx context.Context) error {
 	failures := 0
+	halted := false
 	for {
 		caughtUp, err := s.Step(ctx)
 		if ctx.Err() != nil {
@@ -99,10 +101,21 @@ func (s *Scanner) Run(ctx context.Context) error {
 		var wait time.Duration
 		switch {
 		case errors.Is(err, ErrReorgTooDeep):
-			s.Log.Error("scanner halted: reorg deeper than the kept window; an operator must check the chain", "err", err)
-			_ = s.Store.RecordStatus(context.WithoutCancel(ctx), s.Network.Name, nil, err.Error(), true)
-			return err
+			// Halted until an operator rewinds the cursor (paywatch rescan):
+			// say so once, then wait for it.
+			if !halted {
+				s.Log.Error("scanner halted: reorg deeper than the kept window; check the chain, then run paywatch rescan", "err", err)
+				if rerr := s.Store.RecordStatus(ctx, s.Network.Name, nil, err.Error(), true); rerr != nil {
+					s.Log.Warn("could not record the halt", "err", rerr)
+					halted = false
+					wait = s.RetryMin
+					break
+				}
+			}
+			halted = true
+			wait = max(s.Network.PollInterval, time.Second)
 		case err != nil:
+			halted = false
 			failures++
 			wait = backoff(s.RetryMin, s.RetryMax, failures)
 			s.Log.Warn("scan step failed", "err", err, "retry_in", wait.Round(time.Millisecond))
@@ -110,10 +123,10 @@ func (s *Scanner) Run(ctx context.Context) error {
 				s.Log.Warn("could not record scanner status", "err", rerr)
 			}
 		case caughtUp:
-			failures = 0
+			failures, halted = 0, false
 			wait = s.Network.PollInterval
 		default:
-			failures = 0
+			failures, halted = 0, false
 		}
 		if wait > 0 {
 			select {

@@ -351,3 +351,58 @@ func (s *Store) Record(ctx context.Context, network string, found []Found) error
 	}
 	return tx.Commit()
 }
+
+// Rewind moves a network's cursor back to block to (an operator's decision
+// after a reorg too deep to walk back): transfers above it become orphaned
+// until the rescan sees them again, the kept hashes above it are dropped,
+// and the halt is cleared — in one transaction.
+func (s *Store) Rewind(ctx context.Context, network string, to Block) (orphaned int, err error) {
+	now := s.Now().UTC().Truncate(time.Microsecond)
+	tx, err := s.db.BeginTxx(ctx, nil)
+	if err != nil {
+		return 0, fmt.Errorf("begin: %w", err)
+	}
+	defer tx.Rollback()
+	var old *int64
+	err = tx.GetContext(ctx, &old, `SELECT block_number FROM chain_cursors WHERE network = $1 FOR UPDATE`, network)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, fmt.Errorf("network %s has never been scanned", network)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("lock cursor of %s: %w", network, err)
+	}
+	res, err := tx.ExecContext(ctx, `UPDATE transfers SET state = 'orphaned', orphaned_at = $3, updated_at = $3
+		WHERE network = $1 AND block_number > $2 AND state <> 'orphaned'`, network, int64(to.Number), now)
+	if err != nil {
+		return 0, fmt.Errorf("orphan transfers: %w", err)
+	}
+	n, _ := res.RowsAffected()
+	if _, err := tx.ExecContext(ctx, `INSERT INTO order_events (order_id, at, type, actor, detail)
+		SELECT order_id, $2, 'transfer_orphaned', 'operator', jsonb_build_object('transfer_id', id, 'tx_hash', tx_hash,
+			'block_number', block_number, 'reason', 'rescan')
+		FROM transfers WHERE network = $1 AND orphaned_at = $2 AND order_id IS NOT NULL`, network, now); err != nil {
+		return 0, fmt.Errorf("note orphaned transfers on timelines: %w", err)
+	}
+	if _, err := tx.ExecContext(ctx, `DELETE FROM chain_blocks WHERE network = $1 AND block_number > $2`, network, int64(to.Number)); err != nil {
+		return 0, fmt.Errorf("forget block hashes: %w", err)
+	}
+	if err := storeBlocks(ctx, tx, network, []Block{to}); err != nil {
+		return 0, err
+	}
+	oldCursor := int64(-1)
+	if old != nil {
+		oldCursor = *old
+	}
+	if _, err := tx.ExecContext(ctx, `INSERT INTO chain_reorgs (network, at, fork_block, old_cursor, orphaned_count)
+		VALUES ($1, $2, $3, $4, $5)`, network, now, int64(to.Number), oldCursor, n); err != nil {
+		return 0, fmt.Errorf("record rewind: %w", err)
+	}
+	if _, err := tx.ExecContext(ctx, `UPDATE chain_cursors SET block_number = $2, block_hash = $3, halted = false,
+		last_error = NULL, updated_at = $4 WHERE network = $1`, network, int64(to.Number), to.Hash, now); err != nil {
+		return 0, fmt.Errorf("rewind cursor: %w", err)
+	}
+	if err := tx.Commit(); err != nil {
+		return 0, fmt.Errorf("commit rewind: %w", err)
+	}
+	return int(n), nil
+}

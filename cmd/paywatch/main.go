@@ -51,6 +51,8 @@ Usage:
   paywatch migrate --config FILE   apply pending database migrations, then exit
   paywatch reconcile --config FILE --once
                                    run one reconciler pass, then exit
+  paywatch rescan --config FILE --network NAME --from BLOCK
+                                   rewind a network's scanner (after a halt)
   paywatch help                    show this help
 
 See README.md for the configuration and the HTTP API.
@@ -71,6 +73,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		err = migrateCommand(ctx, e, args[1:])
 	case "reconcile":
 		err = reconcileCommand(ctx, e, args[1:])
+	case "rescan":
+		err = rescanCommand(ctx, e, args[1:])
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return exitOK
