@@ -3,6 +3,16 @@
 -- reconciler needs.
 
 ALTER TABLE transfers ADD COLUMN block_time TIMESTAMPTZ;
+-- The transfer's live ledger entries, so that a pass finds what to post
+-- through small partial indexes instead of scanning every transfer;
+-- ledger_dirty is set by the scanner when a reorg orphans or moves it.
+ALTER TABLE transfers ADD COLUMN receipt_entry BIGINT;
+ALTER TABLE transfers ADD COLUMN attribution_entry BIGINT;
+ALTER TABLE transfers ADD COLUMN ledger_dirty BOOLEAN NOT NULL DEFAULT false;
+CREATE INDEX transfers_receipt_todo_idx ON transfers (id) WHERE state = 'confirmed' AND receipt_entry IS NULL;
+CREATE INDEX transfers_attribution_todo_idx ON transfers (id)
+    WHERE state = 'confirmed' AND order_id IS NOT NULL AND attribution_entry IS NULL;
+CREATE INDEX transfers_ledger_dirty_idx ON transfers (id) WHERE ledger_dirty;
 
 CREATE TABLE ledger_entries (
     id   BIGSERIAL PRIMARY KEY,
@@ -84,4 +94,7 @@ DROP TABLE ledger_postings;
 DROP TABLE ledger_entries;
 DROP FUNCTION ledger_append_only();
 DROP FUNCTION ledger_check_balanced();
+ALTER TABLE transfers DROP COLUMN ledger_dirty;
+ALTER TABLE transfers DROP COLUMN attribution_entry;
+ALTER TABLE transfers DROP COLUMN receipt_entry;
 ALTER TABLE transfers DROP COLUMN block_time;

@@ -145,7 +145,7 @@ func (op *Operator) Resolve(ctx context.Context, orderID string, outcome paywatc
 		if outcome == paywatch.StatusCancelled {
 			// The money is no longer this order's: its transfers go back to
 			// the inbox for an operator to place.
-			if _, err := tx.ExecContext(ctx, `UPDATE transfers SET order_id = NULL, updated_at = $2 WHERE order_id = $1`, orderID, now); err != nil {
+			if _, err := tx.ExecContext(ctx, `UPDATE transfers SET order_id = NULL, attribution_entry = NULL, updated_at = $2 WHERE order_id = $1`, orderID, now); err != nil {
 				return fmt.Errorf("detach transfers: %w", err)
 			}
 		}

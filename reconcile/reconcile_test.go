@@ -161,8 +161,10 @@ func (f *fixture) balance(account string) string {
 	return total.String()
 }
 
+// setState changes a transfer's state as the scanner does (which marks an
+// orphaned transfer for the ledger to reverse).
 func (f *fixture) setState(transfer, state string) {
-	pgtest.Exec(f.t, f.db, `UPDATE transfers SET state = $2 WHERE id = $1`, transfer, state)
+	pgtest.Exec(f.t, f.db, `UPDATE transfers SET state = $2, ledger_dirty = ledger_dirty OR $2 = 'orphaned' WHERE id = $1`, transfer, state)
 }
 
 func TestExactPaymentSettles(t *testing.T) {

@@ -70,14 +70,17 @@ WITH cand AS (
 )
 SELECT count(*) FROM matched`
 
-// reverseOrphaned posts a reversal of every receipt and attribution whose
-// transfer was orphaned by a reorg or moved to another block.
+// reverseOrphaned posts a reversal of the live receipt and attribution of
+// every transfer a reorg orphaned or moved to another block (the scanner
+// marks them ledger_dirty), and forgets them, so that the receipt and
+// attribution steps post anew for the transfer's current block.
 const reverseOrphaned = `
-WITH todo AS (
+WITH dirty AS (
+	SELECT id, receipt_entry, attribution_entry FROM transfers WHERE ledger_dirty
+), todo AS (
 	SELECT nextval('ledger_entries_id_seq') AS eid, e.id, e.transfer_id, e.order_id
-	FROM ledger_entries e JOIN transfers t ON t.id = e.transfer_id
-	WHERE e.kind IN ('receipt', 'attribution')
-		AND (t.state = 'orphaned' OR e.ref NOT LIKE t.id || '@' || t.block_hash || '%')
+	FROM ledger_entries e
+	WHERE e.id IN (SELECT receipt_entry FROM dirty UNION ALL SELECT attribution_entry FROM dirty)
 		AND NOT EXISTS (SELECT 1 FROM ledger_entries r WHERE r.reverses = e.id)
 ), ins AS (
 	INSERT INTO ledger_entries (id, at, kind, ref, reverses, transfer_id, order_id)
@@ -85,6 +88,9 @@ WITH todo AS (
 ), post AS (
 	INSERT INTO ledger_postings (entry_id, account, network, asset, amount)
 	SELECT todo.eid, p.account, p.network, p.asset, -p.amount FROM todo JOIN ledger_postings p ON p.entry_id = todo.id
+), clean AS (
+	UPDATE transfers t SET receipt_entry = NULL, attribution_entry = NULL, ledger_dirty = false
+	FROM dirty WHERE t.id = dirty.id
 )
 SELECT count(*) FROM todo WHERE $2::timestamptz IS NOT NULL`
 
@@ -92,24 +98,25 @@ SELECT count(*) FROM todo WHERE $2::timestamptz IS NOT NULL`
 // wallet, credit suspense.
 //
 // The ledger statements run under a transaction-scoped advisory lock (see
-// postLedger), so the NOT EXISTS is exact and an entry's id can be drawn
-// before it is inserted: postings then come from the same rows, with no join
+// postLedger), and an entry's id is drawn before it is inserted: postings
+// and the transfer's marker then come from the same rows, with no join
 // between the statement's parts.
 const postReceipts = `
 WITH need AS (
 	SELECT nextval('ledger_entries_id_seq') AS eid, t.id, t.block_hash, t.network, t.asset, t.to_address, t.amount
 	FROM transfers t
-	WHERE t.state = 'confirmed'
-		AND NOT EXISTS (SELECT 1 FROM ledger_entries e WHERE e.kind = 'receipt' AND e.ref = t.id || '@' || t.block_hash)
+	WHERE t.state = 'confirmed' AND t.receipt_entry IS NULL
 ), ins AS (
 	INSERT INTO ledger_entries (id, at, kind, ref, transfer_id)
-	SELECT eid, $1, 'receipt', id || '@' || block_hash, id FROM need
+	SELECT eid, $1, 'receipt', id || '@' || block_hash || '#' || eid, id FROM need
 ), post AS (
 	INSERT INTO ledger_postings (entry_id, account, network, asset, amount)
 	SELECT n.eid, v.account, n.network, n.asset, v.amount
 	FROM need n
 	CROSS JOIN LATERAL (VALUES ('wallet:' || n.network || ':' || n.to_address, n.amount),
 	                           ('suspense:' || n.network || ':' || n.asset, -n.amount)) AS v(account, amount)
+), mark AS (
+	UPDATE transfers t SET receipt_entry = need.eid FROM need WHERE t.id = need.id
 )
 SELECT count(*) FROM need WHERE $2::timestamptz IS NOT NULL`
 
@@ -119,18 +126,18 @@ const postAttributions = `
 WITH need AS (
 	SELECT nextval('ledger_entries_id_seq') AS eid, t.id, t.block_hash, t.network, t.asset, t.order_id, t.amount
 	FROM transfers t
-	WHERE t.state = 'confirmed' AND t.order_id IS NOT NULL
-		AND NOT EXISTS (SELECT 1 FROM ledger_entries e
-			WHERE e.kind = 'attribution' AND e.ref = t.id || '@' || t.block_hash || '>' || t.order_id)
+	WHERE t.state = 'confirmed' AND t.order_id IS NOT NULL AND t.attribution_entry IS NULL
 ), ins AS (
 	INSERT INTO ledger_entries (id, at, kind, ref, transfer_id, order_id)
-	SELECT eid, $1, 'attribution', id || '@' || block_hash || '>' || order_id, id, order_id FROM need
+	SELECT eid, $1, 'attribution', id || '@' || block_hash || '>' || order_id || '#' || eid, id, order_id FROM need
 ), post AS (
 	INSERT INTO ledger_postings (entry_id, account, network, asset, amount)
 	SELECT n.eid, v.account, n.network, n.asset, v.amount
 	FROM need n
 	CROSS JOIN LATERAL (VALUES ('suspense:' || n.network || ':' || n.asset, n.amount),
 	                           ('order:' || n.order_id, -n.amount)) AS v(account, amount)
+), mark AS (
+	UPDATE transfers t SET attribution_entry = need.eid FROM need WHERE t.id = need.id
 )
 SELECT count(*) FROM need WHERE $2::timestamptz IS NOT NULL`
 

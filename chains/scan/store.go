@@ -135,7 +135,7 @@ func (s *Store) Commit(ctx context.Context, c Commit) (orphaned int, err error) 
 	}
 
 	if c.OrphanAbove != nil {
-		if _, err := tx.ExecContext(ctx, `UPDATE transfers SET state = 'orphaned', orphaned_at = $3, updated_at = $3
+		if _, err := tx.ExecContext(ctx, `UPDATE transfers SET state = 'orphaned', orphaned_at = $3, updated_at = $3, ledger_dirty = true
 			WHERE network = $1 AND block_number > $2 AND state <> 'orphaned'`, c.Network, int64(*c.OrphanAbove), now); err != nil {
 			return 0, fmt.Errorf("orphan transfers: %w", err)
 		}
@@ -260,6 +260,7 @@ func upsertTransfers(ctx context.Context, tx *sqlx.Tx, network string, found []F
 			block_time = EXCLUDED.block_time,
 			state = CASE WHEN transfers.state <> 'orphaned' AND transfers.block_hash = EXCLUDED.block_hash
 				THEN transfers.state ELSE 'seen' END,
+			ledger_dirty = transfers.ledger_dirty OR transfers.block_hash <> EXCLUDED.block_hash,
 			orphaned_at = NULL,
 			updated_at = CASE WHEN transfers.block_hash = EXCLUDED.block_hash AND transfers.state <> 'orphaned'
 				THEN transfers.updated_at ELSE EXCLUDED.updated_at END`,
@@ -371,7 +372,7 @@ func (s *Store) Rewind(ctx context.Context, network string, to Block) (orphaned 
 	if err != nil {
 		return 0, fmt.Errorf("lock cursor of %s: %w", network, err)
 	}
-	res, err := tx.ExecContext(ctx, `UPDATE transfers SET state = 'orphaned', orphaned_at = $3, updated_at = $3
+	res, err := tx.ExecContext(ctx, `UPDATE transfers SET state = 'orphaned', orphaned_at = $3, updated_at = $3, ledger_dirty = true
 		WHERE network = $1 AND block_number > $2 AND state <> 'orphaned'`, network, int64(to.Number), now)
 	if err != nil {
 		return 0, fmt.Errorf("orphan transfers: %w", err)
