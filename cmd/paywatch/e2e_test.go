@@ -223,6 +223,24 @@ func TestEndToEnd(t *testing.T) {
 	if code := d2.stop(); code != 0 {
 		t.Fatalf("exit code: %d", code)
 	}
+	check := exec.Command(bin, "check", "--config", configPath)
+	check.Env = daemonEnv(dbURL)
+	if out, err := check.CombinedOutput(); err != nil || !strings.Contains(string(out), "invariants hold") {
+		t.Fatalf("check: %v\n%s", err, out)
+	}
+	// A dossier settled with nothing paid breaks an invariant: check says so.
+	if _, err := db.Exec(`UPDATE orders SET status = 'settled' WHERE external_id = 'btc-2'`); err != nil {
+		t.Fatal(err)
+	}
+	broken := exec.Command(bin, "check", "--config", configPath)
+	broken.Env = daemonEnv(dbURL)
+	if out, _ := broken.CombinedOutput(); broken.ProcessState.ExitCode() != 1 ||
+		!strings.Contains(string(out), "settled order without exact confirmed payment") {
+		t.Fatalf("check on a broken database: %s", out)
+	}
+	if _, err := db.Exec(`UPDATE orders SET status = 'awaiting_payment' WHERE external_id = 'btc-2'`); err != nil {
+		t.Fatal(err)
+	}
 	once := exec.Command(bin, "reconcile", "--config", configPath, "--once")
 	once.Env = daemonEnv(dbURL)
 	if out, err := once.CombinedOutput(); err != nil || !strings.Contains(string(out), "reconciled: matched=0") {

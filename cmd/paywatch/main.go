@@ -53,6 +53,7 @@ Usage:
                                    run one reconciler pass, then exit
   paywatch rescan --config FILE --network NAME --from BLOCK
                                    rewind a network's scanner (after a halt)
+  paywatch check   --config FILE   verify the invariants over the database
   paywatch help                    show this help
 
 See README.md for the configuration and the HTTP API.
@@ -75,6 +76,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		err = reconcileCommand(ctx, e, args[1:])
 	case "rescan":
 		err = rescanCommand(ctx, e, args[1:])
+	case "check":
+		err = checkCommand(ctx, e, args[1:])
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return exitOK
