@@ -57,6 +57,7 @@ type Source struct {
 
 var _ scan.Source = (*Source)(nil)
 var _ scan.HashBatcher = (*Source)(nil)
+var _ scan.HeadHasher = (*Source)(nil)
 
 // NewSource prepares a Source for an evm network. It contacts no node.
 func NewSource(n *paywatch.Network, log *slog.Logger) (*Source, error) {
@@ -105,6 +106,38 @@ func (s *Source) Head(ctx context.Context) (scan.Head, error) {
 		return nil
 	})
 	return h, err
+}
+
+// HeadAndHash reads the head and the canonical hash at height n in one
+// JSON-RPC batch ("" when the node has no block there).
+func (s *Source) HeadAndHash(ctx context.Context, n uint64) (scan.Head, string, error) {
+	var h scan.Head
+	hash := ""
+	err := s.nodes.call(ctx, func(ctx context.Context, e *endpoint) error {
+		var latest, at, fin *blockRef
+		elems := []rpc.BatchElem{
+			{Method: "eth_getBlockByNumber", Args: []any{"latest", false}, Result: &latest},
+			{Method: "eth_getBlockByNumber", Args: []any{blockTag(n), false}, Result: &at},
+		}
+		if s.network.UseFinalized {
+			elems = append(elems, rpc.BatchElem{Method: "eth_getBlockByNumber", Args: []any{"finalized", false}, Result: &fin})
+		}
+		if err := batch(ctx, e, elems); err != nil {
+			return err
+		}
+		if latest == nil {
+			return fmt.Errorf("read head: %w", scan.ErrNoBlock)
+		}
+		h = scan.Head{Number: uint64(latest.Number)}
+		if fin != nil {
+			h.Finalized = uint64(fin.Number)
+		}
+		if at != nil {
+			hash = at.Hash.Hex()
+		}
+		return nil
+	})
+	return h, hash, err
 }
 
 // BlockHash returns the canonical hash at height n.

@@ -180,7 +180,15 @@ func (s *Scanner) Step(ctx context.Context) (caughtUp bool, err error) {
 		}
 	}
 
-	head, err := s.Source.Head(ctx)
+	// The head, and the cursor block's hash in the same round trip where the
+	// source can.
+	var head Head
+	cursorHash := ""
+	if hh, ok := s.Source.(HeadHasher); ok && cur != nil {
+		head, cursorHash, err = hh.HeadAndHash(ctx, cur.Number)
+	} else {
+		head, err = s.Source.Head(ctx)
+	}
 	if err != nil {
 		return false, fmt.Errorf("read head: %w", err)
 	}
@@ -196,9 +204,11 @@ func (s *Scanner) Step(ctx context.Context) (caughtUp bool, err error) {
 		// reorg to a shorter chain that the next step will see).
 		return true, s.Store.RecordStatus(ctx, s.Network.Name, &head, "", false)
 	default:
-		hash, err := s.Source.BlockHash(ctx, cur.Number)
-		if err != nil {
-			return false, fmt.Errorf("check cursor block %d: %w", cur.Number, err)
+		hash := cursorHash
+		if hash == "" {
+			if hash, err = s.Source.BlockHash(ctx, cur.Number); err != nil {
+				return false, fmt.Errorf("check cursor block %d: %w", cur.Number, err)
+			}
 		}
 		from = cur.Number + 1
 		if hash != cur.Hash {
@@ -407,6 +417,12 @@ func (s *Scanner) forkPoint(ctx context.Context, cur *Block) (uint64, error) {
 		return 0, fmt.Errorf("%w: genesis changed", ErrReorgTooDeep)
 	}
 	return first - 1, nil
+}
+
+// HeadHasher is implemented by Sources that read the head and a block's
+// hash in one round trip ("" for the hash when there is no such block).
+type HeadHasher interface {
+	HeadAndHash(ctx context.Context, n uint64) (Head, string, error)
 }
 
 // HashBatcher is implemented by Sources that read many block hashes in one
