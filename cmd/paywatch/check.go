@@ -10,11 +10,7 @@ import (
 // checkCommand verifies DESIGN.md's invariants over the database and exits
 // non-zero, listing every violation, when one does not hold.
 func checkCommand(ctx context.Context, e *env, args []string) error {
-	cfg, err := loadConfig(e, "check", args)
-	if err != nil {
-		return err
-	}
-	db, err := openDatabase(ctx, e.log, cfg.DatabaseURL)
+	_, db, err := openConfigured(ctx, e, "check", args, nil)
 	if err != nil {
 		return err
 	}

@@ -52,12 +52,29 @@ func loadConfig(e *env, name string, args []string, define ...func(*flag.FlagSet
 	return cfg, nil
 }
 
-func migrateCommand(ctx context.Context, e *env, args []string) error {
-	cfg, err := loadConfig(e, "migrate", args)
+// openConfigured loads the configuration (with any flags define adds),
+// runs validate on the command's own flags, then opens the database,
+// migrated: the common start of the one-shot commands.
+func openConfigured(ctx context.Context, e *env, name string, args []string, validate func() error,
+	define ...func(*flag.FlagSet)) (*config.Config, *sqlx.DB, error) {
+	cfg, err := loadConfig(e, name, args, define...)
 	if err != nil {
-		return err
+		return nil, nil, err
+	}
+	if validate != nil {
+		if err := validate(); err != nil {
+			return nil, nil, err
+		}
 	}
 	db, err := openDatabase(ctx, e.log, cfg.DatabaseURL)
+	if err != nil {
+		return nil, nil, err
+	}
+	return cfg, db, nil
+}
+
+func migrateCommand(ctx context.Context, e *env, args []string) error {
+	_, db, err := openConfigured(ctx, e, "migrate", args, nil)
 	if err != nil {
 		return err
 	}
@@ -211,16 +228,14 @@ func newReconciler(db *sqlx.DB, log *slog.Logger, cfg *config.Config) *reconcile
 
 func reconcileCommand(ctx context.Context, e *env, args []string) error {
 	var once bool
-	cfg, err := loadConfig(e, "reconcile", args, func(fs *flag.FlagSet) {
+	cfg, db, err := openConfigured(ctx, e, "reconcile", args, func() error {
+		if !once {
+			return usageError{errors.New("only --once is supported: serve runs the scheduled reconciler")}
+		}
+		return nil
+	}, func(fs *flag.FlagSet) {
 		fs.BoolVar(&once, "once", false, "run one pass, then exit")
 	})
-	if err != nil {
-		return err
-	}
-	if !once {
-		return usageError{errors.New("only --once is supported: serve runs the scheduled reconciler")}
-	}
-	db, err := openDatabase(ctx, e.log, cfg.DatabaseURL)
 	if err != nil {
 		return err
 	}
