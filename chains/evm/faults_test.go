@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/paywatch/paywatch/chains/evm"
 	"github.com/paywatch/paywatch/chains/evm/evmtest"
 	"github.com/paywatch/paywatch/chains/scan"
 	"github.com/paywatch/paywatch/migrations"
@@ -110,6 +111,34 @@ func TestNodeDownThenBack(t *testing.T) {
 	more := e.sprinkle(4, 2)
 	e.sync(e.scanner())
 	e.expect(append(wants, more...)...)
+}
+
+// A node that accepts connections and never answers is a sick node, not a
+// range too large: the scanner fails over to the next URL at once, keeps
+// its batch size, and finds every payment.
+func TestHungNodeFailsOver(t *testing.T) {
+	e := newEnv(t)
+	hung := evmtest.NewProxy(t, e.chain.URL)
+	e.network.RPCURLs = []string{hung.URL, e.chain.URL}
+	e.network.StartBlock = e.chain.Head()
+	src, err := evm.NewSource(e.network, e.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(src.Close)
+	src.SetCallTimeout(300 * time.Millisecond)
+	s := scan.NewScanner(e.network, src, e.store, e.log)
+	e.sync(s)
+	hung.Hang.Store(true) // it served well until now
+	wants := e.sprinkle(40, 4)
+	e.sync(s)
+	e.expect(wants...)
+	if hung.Hung.Load() == 0 {
+		t.Fatal("the hung node was never asked: the test tests nothing")
+	}
+	if hung.Hung.Load() > 1 {
+		t.Fatalf("the hung node was asked %d times: the scanner did not stay on the healthy one", hung.Hung.Load())
+	}
 }
 
 func waitFor(t *testing.T, cond func() bool, what string) {

@@ -59,7 +59,10 @@ func (n *nodes) close() {
 }
 
 // call runs fn on the current node and, when it fails for a reason other
-// than the request itself (range too large, cancelled), on the next ones.
+// than the request itself (range too large, cancelled), on the next ones:
+// an error, a refusal or a node that does not answer within callTimeout
+// (a hung node is a sick node, not a range too large). The node that
+// answered becomes the current one.
 func (n *nodes) call(ctx context.Context, fn func(ctx context.Context, e *endpoint) error) error {
 	var errs []error
 	start := int(n.current.Load())
@@ -103,20 +106,24 @@ func (n *nodes) attempt(ctx context.Context, e *endpoint, fn func(ctx context.Co
 }
 
 // rangeRefused recognises a node's refusal of a log query's size: the
-// -32005 "limit exceeded" code, the messages providers use for too many
-// results or too wide a range, and timeouts of the query itself.
+// -32005 "limit exceeded" code and the messages providers use for too many
+// results, too wide a range or a query that ran too long on their side. A
+// call that gets no answer in time is not one: the next node is tried.
 func rangeRefused(err error) bool {
 	var rpcErr rpc.Error
 	if errors.As(err, &rpcErr) && rpcErr.ErrorCode() == -32005 {
 		return true
 	}
 	msg := strings.ToLower(err.Error())
+	if errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
 	for _, s := range []string{"too many", "range", "limit exceeded", "query returned more than", "response size", "query timeout", "exceeds"} {
 		if strings.Contains(msg, s) {
 			return true
 		}
 	}
-	return errors.Is(err, context.DeadlineExceeded)
+	return false
 }
 
 // blockRef is the part of eth_getBlockByNumber's answer paywatch reads

@@ -83,6 +83,10 @@ func NewSource(n *paywatch.Network, log *slog.Logger) (*Source, error) {
 	return s, nil
 }
 
+// SetCallTimeout bounds each JSON-RPC call (or batch) to one node; past
+// it, the next node is tried. The default is DefaultCallTimeout.
+func (s *Source) SetCallTimeout(d time.Duration) { s.nodes.callTimeout = d }
+
 // Close closes the node connections.
 func (s *Source) Close() { s.nodes.close() }
 

@@ -243,10 +243,13 @@ func (s *Scanner) Step(ctx context.Context) (caughtUp bool, err error) {
 	} else {
 		batch, err = s.Source.Scan(ctx, from, to)
 	}
-	if errors.Is(err, ErrRangeTooLarge) && to > from {
+	// A range refused, or one no node answered in time (each was tried:
+	// a single sick node fails over instead), is read in halves.
+	timedOut := errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil
+	if (errors.Is(err, ErrRangeTooLarge) || timedOut) && to > from {
 		s.batch = max((to-from+1)/2, 1)
 		s.successes = 0
-		s.Log.Info("node refused the range; halving", "blocks", to-from+1, "now", s.batch)
+		s.Log.Info("the range was refused or timed out on every node; halving", "blocks", to-from+1, "now", s.batch, "err", err)
 		return false, nil
 	}
 	if err != nil {

@@ -15,25 +15,32 @@ import (
 
 // Proxy stands between a scanner and a chain's endpoint to misbehave on
 // purpose: refuse wide eth_getLogs ranges the way hosted providers do
-// (-32005), or be down altogether.
+// (-32005), answer slowly, hang, or be down altogether.
 type Proxy struct {
 	URL string
 	// MaxLogRange, when non-zero, is the widest eth_getLogs range served.
 	MaxLogRange atomic.Uint64
 	// Down makes every request fail at the HTTP level.
 	Down atomic.Bool
+	// Hang makes every request wait, unanswered, until the caller gives up:
+	// a node that accepts connections and never replies. Hung counts them.
+	Hang atomic.Bool
+	Hung atomic.Int64
 	// Delay is added to every request, like the round trip to a hosted node.
 	Delay atomic.Int64 // nanoseconds
 	// Refused counts refused eth_getLogs calls; LogCalls the served ones.
 	Refused, LogCalls atomic.Int64
 	target            string
+	stop              chan struct{}
 }
 
 // NewProxy starts a proxy in front of target; it stops when t ends.
 func NewProxy(t testing.TB, target string) *Proxy {
-	p := &Proxy{target: target}
+	p := &Proxy{target: target, stop: make(chan struct{})}
 	srv := httptest.NewServer(http.HandlerFunc(p.serve))
 	t.Cleanup(srv.Close)
+	t.Cleanup(func() { close(p.stop) }) // runs first: hung requests end
+
 	p.URL = srv.URL
 	return p
 }
@@ -47,6 +54,14 @@ type rpcRequest struct {
 func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) {
 	if p.Down.Load() {
 		http.Error(w, "node down", http.StatusBadGateway)
+		return
+	}
+	if p.Hang.Load() {
+		p.Hung.Add(1)
+		select {
+		case <-r.Context().Done():
+		case <-p.stop:
+		}
 		return
 	}
 	if d := p.Delay.Load(); d > 0 {
