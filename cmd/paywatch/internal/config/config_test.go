@@ -105,6 +105,7 @@ func TestConfigErrors(t *testing.T) {
 		{"no networks", "networks:", "networks: []\nx_unused:", "", "field x_unused not found"},
 		{"missing decimals", "decimals: 6", "", "", "decimals is required"},
 		{"token without contract", `contract: "0xdAC17F958D2ee523a2206206994597C13D831ec7"`, "", "", "a token needs its contract"},
+		{"a name with format verbs", "      - symbol: USDT\n", "      - symbol: \"U%dS%sT\"\n", "", `"U%dS%sT" (line`},
 		{"bad rpc url", "http://127.0.0.1:8545", "127.0.0.1:8545", "", "is not an http(s) URL"},
 	}
 	for _, c := range cases {

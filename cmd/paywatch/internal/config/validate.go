@@ -38,11 +38,14 @@ type validator struct {
 	problems []error
 }
 
+// fail records a problem. where names its place and may hold names from
+// the file (a network called "100%"): it is never part of the format.
 func (v *validator) fail(where, format string, args ...any) {
+	err := fmt.Errorf(format, args...)
 	if where != "" {
-		format = where + ": " + format
+		err = fmt.Errorf("%s: %w", where, err)
 	}
-	v.problems = append(v.problems, fmt.Errorf(format, args...))
+	v.problems = append(v.problems, err)
 }
 
 // secret resolves an *_env key; key is the YAML key for messages.
