@@ -14,6 +14,18 @@ const (
 	FamilyBitcoin Family = "bitcoin"
 )
 
+// BlockTimeSlack is how long before an order's creation a block's own
+// timestamp may be, its transfers still paying the order. The block height
+// the network had reached when the order was created decides first; this
+// bounds the case where that height was recorded late (a lagging node).
+// Bitcoin block times may be an hour or two off the wall clock.
+func (f Family) BlockTimeSlack() time.Duration {
+	if f == FamilyBitcoin {
+		return 2 * time.Hour
+	}
+	return 5 * time.Minute
+}
+
 // Network is one configured chain.
 type Network struct {
 	Name    string

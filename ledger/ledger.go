@@ -36,6 +36,9 @@ const (
 	KindRefund      = "refund"      // resolved as refunded: order → refunds_owed
 	KindRelease     = "release"     // detached from a cancelled order: order → suspense
 	KindReversal    = "reversal"    // undoes another entry (reorgs)
+	// A refund adjustment follows a reorg after a refund resolution: what is
+	// owed back moves with the money that arrived.
+	KindRefundAdjustment = "refund_adjustment"
 )
 
 // Account names.
@@ -60,6 +63,30 @@ type Entry struct {
 	Memo     string
 	OrderID  string // what the entry concerns, when it concerns an order
 	Postings []Posting
+}
+
+// OrderBalances returns what an order's account holds per asset (credit
+// balances as positive numbers), read inside tx.
+func OrderBalances(ctx context.Context, tx sqlx.QueryerContext, orderID string) ([]Balance, error) {
+	var rows []struct {
+		Network string `db:"network"`
+		Asset   string `db:"asset"`
+		Sum     string `db:"total"`
+	}
+	account := Order(orderID)
+	if err := sqlx.SelectContext(ctx, tx, &rows, `SELECT network, asset, sum(amount)::text AS total
+		FROM ledger_postings WHERE account = $1 GROUP BY network, asset ORDER BY network, asset`, account); err != nil {
+		return nil, fmt.Errorf("read the account of %s: %w", orderID, err)
+	}
+	out := make([]Balance, 0, len(rows))
+	for _, r := range rows {
+		v, ok := new(big.Int).SetString(r.Sum, 10)
+		if !ok {
+			return nil, fmt.Errorf("balance of %s is %q, not an integer", account, r.Sum)
+		}
+		out = append(out, Balance{Account: account, Network: r.Network, Asset: r.Asset, Amount: v.Neg(v)})
+	}
+	return out, nil
 }
 
 // Move returns a two-posting entry that debits one account and credits
@@ -161,7 +188,10 @@ func Balances(ctx context.Context, db sqlx.QueryerContext, prefix string) ([]Bal
 	}
 	out := make([]Balance, 0, len(rows))
 	for _, r := range rows {
-		v, _ := new(big.Int).SetString(r.Sum, 10)
+		v, ok := new(big.Int).SetString(r.Sum, 10)
+		if !ok {
+			return nil, fmt.Errorf("balance of %s is %q, not an integer", r.Account, r.Sum)
+		}
 		if CreditNormal(r.Account) {
 			v.Neg(v)
 		}
@@ -190,12 +220,6 @@ func CheckBalanced(ctx context.Context, db sqlx.QueryerContext) error {
 		return fmt.Errorf("%w: entry %d sums to %s", ErrUnbalanced, bad[0].Entry, bad[0].Total)
 	}
 	return nil
-}
-
-// OrderBalances returns what an order's account holds per asset (credit
-// balances as positive numbers), read inside tx.
-func OrderBalances(ctx context.Context, tx sqlx.QueryerContext, orderID string) ([]Balance, error) {
-	return Balances(ctx, tx, Order(orderID))
 }
 
 // Book reads the journal.

@@ -32,15 +32,15 @@ func seedMatched(b *testing.B, n int) (*sqlx.DB, time.Time) {
 	now := time.Now().UTC().Truncate(time.Microsecond)
 	for _, q := range []string{
 		`INSERT INTO orders (id, external_id, request_hash, network, asset, asset_contract, amount, pay_amount,
-			pay_address, unique_k, status, created_at, expires_at, monitor_until, updated_at)
+			pay_address, unique_k, status, created_at, expires_at, monitor_until, updated_at, created_height, earliest_block_time)
 		SELECT 'ord_' || lpad(g::text, 8, '0'), 'bulk-' || g, '\x00', 'ethereum', 'USDT', 'c', 1000000 + g, 1000000 + g,
 			'0xshop', g % 10000, 'confirming', $1::timestamptz, $1::timestamptz + interval '1 hour',
-			$1::timestamptz + interval '25 hours', $1::timestamptz
+			$1::timestamptz + interval '25 hours', $1::timestamptz, 0, $1::timestamptz - interval '5 minutes'
 		FROM generate_series(1, $2) g`,
 		`INSERT INTO transfers (id, network, asset, asset_contract, tx_hash, tx_key, idx, to_address, amount,
-			block_number, block_hash, state, order_id, first_seen_at, updated_at, block_time)
+			block_number, block_hash, state, order_id, match_kind, first_seen_at, updated_at, block_time)
 		SELECT 'trf_' || lpad(g::text, 8, '0'), 'ethereum', 'USDT', 'c', '0x' || lpad(to_hex(g), 64, '0'), 'k', 0, '0xshop',
-			1000000 + g, g, '0xb' || g, 'confirmed', 'ord_' || lpad(g::text, 8, '0'), $1::timestamptz, $1::timestamptz, $1::timestamptz
+			1000000 + g, g, '0xb' || g, 'confirmed', 'ord_' || lpad(g::text, 8, '0'), 'amount', $1::timestamptz, $1::timestamptz, $1::timestamptz
 		FROM generate_series(1, $2) g`,
 	} {
 		if _, err := db.Exec(q, now, n); err != nil {

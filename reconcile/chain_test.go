@@ -60,9 +60,7 @@ func newChainEnv(t *testing.T) *chainEnv {
 	f.rec.Record = scans.Record
 	t.Cleanup(func() {
 		e.sync()
-		if err := reconcile.CheckInvariants(context.Background(), db); err != nil {
-			t.Errorf("invariants after the scenario:\n%v", err)
-		}
+		f.check()
 	})
 	return e
 }
@@ -164,7 +162,11 @@ func TestChainLatePaymentAndHeldSlot(t *testing.T) {
 
 func TestChainNoPaymentFoundThenPaid(t *testing.T) {
 	e := newChainEnv(t)
-	o := e.order(5_000_000)
+	o, _, err := e.store.Create(context.Background(), orders.CreateRequest{ExternalID: "chain-long",
+		Network: e.network, Asset: e.asset, Amount: big.NewInt(5_000_000), ExpiresIn: grace + time.Hour, Actor: "shop"})
+	if err != nil {
+		t.Fatal(err)
+	}
 	e.store.MarkPaid(context.Background(), o.ID, "", "shop")
 	e.later(grace + time.Minute)
 	e.sync()
@@ -260,7 +262,7 @@ func TestChainHintFoundBeforeTheScanner(t *testing.T) {
 	o := e.order(2_000_000)
 	h := e.payOnChain(2_000_000)
 	e.store.MarkPaid(context.Background(), o.ID, h.Hex(), "shop")
-	e.pass() // no scan step: only the lookup can have found it
+	e.lookUpHints() // no scan step: only the look-up can have found it
 	e.expect(o, paywatch.StatusConfirming, "")
 	e.chain.Mine(3)
 	e.sync()
@@ -269,4 +271,41 @@ func TestChainHintFoundBeforeTheScanner(t *testing.T) {
 	if err := e.db.Get(&n, `SELECT count(*) FROM transfers`); err != nil || n != 1 {
 		t.Fatalf("%d transfers recorded (%v), want 1", n, err)
 	}
+}
+
+// A transfer that a hint look-up recorded ahead of the scanner is
+// provisional: when its block is replaced before the scanner passes it, it
+// is orphaned like any other and pays nothing.
+func TestChainLookupAheadOfTheScannerIsProvisional(t *testing.T) {
+	e := newChainEnv(t)
+	e.sync() // the cursor is at the head now
+	o := e.order(2_000_000)
+	h := e.payOnChain(o.PayAmount.Int64())
+	e.store.MarkPaid(context.Background(), o.ID, h.Hex(), "shop")
+	e.lookUpHints()
+	e.expect(o, paywatch.StatusConfirming, "")
+	e.chain.Reorg(1, 3, false, nil) // the payment's block is replaced, the transaction dropped
+	e.sync()
+	e.chain.Mine(3)
+	e.sync()
+	got, err := e.store.Get(context.Background(), o.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Status == paywatch.StatusSettled || got.ReceivedAmount.Sign() != 0 {
+		t.Fatalf("an order was paid by a transfer on a replaced block: %s, received %s", got.Status, got.ReceivedAmount)
+	}
+	if len(got.Transfers) != 1 || got.Transfers[0].State != paywatch.TransferOrphaned {
+		t.Fatalf("the looked-up transfer: %+v", got.Transfers)
+	}
+}
+
+// lookUpHints reads customers' tx hashes from the node, as the daemon does
+// beside the reconciler.
+func (e *chainEnv) lookUpHints() {
+	e.t.Helper()
+	if _, err := e.rec.LookUpHints(context.Background()); err != nil {
+		e.t.Fatal(err)
+	}
+	e.pass()
 }

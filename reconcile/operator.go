@@ -5,12 +5,14 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"math/big"
 	"time"
 
 	"github.com/jmoiron/sqlx"
 
 	"github.com/paywatch/paywatch"
 	"github.com/paywatch/paywatch/ledger"
+	"github.com/paywatch/paywatch/migrations/pg"
 	"github.com/paywatch/paywatch/reconcile/orders"
 )
 
@@ -27,14 +29,44 @@ func NewOperator(db *sqlx.DB) *Operator { return &Operator{db: db, Now: time.Now
 // Outcomes an operator may resolve a dispute with.
 var Outcomes = []paywatch.Status{paywatch.StatusSettled, paywatch.StatusRefunded, paywatch.StatusCancelled}
 
+// lockOrder locks an order (first, as every path does) and reads what the
+// operator's actions check.
+func lockOrder(ctx context.Context, tx *sqlx.Tx, id string) (status paywatch.Status, reason *string, network, asset string, err error) {
+	var o struct {
+		Network string  `db:"network"`
+		Asset   string  `db:"asset"`
+		Status  string  `db:"status"`
+		Reason  *string `db:"dispute_reason"`
+	}
+	if !pg.ValidText(id) {
+		return "", nil, "", "", paywatch.Errorf(paywatch.CodeNotFound, "no order %.80q", id)
+	}
+	err = tx.GetContext(ctx, &o, `SELECT network, asset, status, dispute_reason FROM orders WHERE id = $1 FOR NO KEY UPDATE`, id)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", nil, "", "", paywatch.Errorf(paywatch.CodeNotFound, "no order %q", id)
+	}
+	if err != nil {
+		return "", nil, "", "", fmt.Errorf("lock order: %w", err)
+	}
+	return paywatch.Status(o.Status), o.Reason, o.Network, o.Asset, nil
+}
+
 // Attach ties an unmatched transfer to an order by hand; the reconciler
-// then treats the order like any other.
+// then decides the order like any other. The order is locked before the
+// transfer, as everywhere.
 func (op *Operator) Attach(ctx context.Context, transferID, orderID, note, actor string) error {
 	if note == "" {
 		return paywatch.Errorf(paywatch.CodeInvalidRequest, "note is required: say why this transfer belongs to this order")
 	}
+	if !pg.ValidText(transferID) {
+		return paywatch.Errorf(paywatch.CodeNotFound, "no transfer %.80q", transferID)
+	}
 	now := op.Now().UTC().Truncate(time.Microsecond)
-	return orders.Tx(ctx, op.db, func(tx *sqlx.Tx) error {
+	return pg.Tx(ctx, op.db, func(tx *sqlx.Tx) error {
+		status, _, network, asset, err := lockOrder(ctx, tx, orderID)
+		if err != nil {
+			return err
+		}
 		var t struct {
 			Network string  `db:"network"`
 			Asset   string  `db:"asset"`
@@ -43,7 +75,7 @@ func (op *Operator) Attach(ctx context.Context, transferID, orderID, note, actor
 			TxHash  string  `db:"tx_hash"`
 			Amount  string  `db:"amount"`
 		}
-		err := tx.GetContext(ctx, &t, `SELECT network, asset, state, order_id, tx_hash, amount::text AS amount
+		err = tx.GetContext(ctx, &t, `SELECT network, asset, state, order_id, tx_hash, amount::text AS amount
 			FROM transfers WHERE id = $1 FOR UPDATE`, transferID)
 		if errors.Is(err, sql.ErrNoRows) {
 			return paywatch.Errorf(paywatch.CodeNotFound, "no transfer %q", transferID)
@@ -51,34 +83,25 @@ func (op *Operator) Attach(ctx context.Context, transferID, orderID, note, actor
 		if err != nil {
 			return fmt.Errorf("lock transfer: %w", err)
 		}
-		var o struct {
-			Network string `db:"network"`
-			Asset   string `db:"asset"`
-			Status  string `db:"status"`
-		}
-		err = tx.GetContext(ctx, &o, `SELECT network, asset, status FROM orders WHERE id = $1 FOR UPDATE`, orderID)
-		if errors.Is(err, sql.ErrNoRows) {
-			return paywatch.Errorf(paywatch.CodeNotFound, "no order %q", orderID)
-		}
-		if err != nil {
-			return fmt.Errorf("lock order: %w", err)
-		}
 		switch {
 		case t.OrderID != nil:
 			return paywatch.Errorf(paywatch.CodeInvalidState, "transfer %s is already matched to order %s", transferID, *t.OrderID)
 		case t.State == string(paywatch.TransferOrphaned):
 			return paywatch.Errorf(paywatch.CodeInvalidState, "transfer %s was orphaned by a reorg; it paid nothing", transferID)
-		case t.Network != o.Network || t.Asset != o.Asset:
+		case t.Network != network || t.Asset != asset:
 			return paywatch.Errorf(paywatch.CodeInvalidRequest, "transfer %s is %s on %s; order %s wants %s on %s",
-				transferID, t.Asset, t.Network, orderID, o.Asset, o.Network)
-		case paywatch.Status(o.Status).Terminal():
-			return paywatch.Errorf(paywatch.CodeInvalidState, "order %s is %s; nothing can be attached to it", orderID, o.Status)
+				transferID, t.Asset, t.Network, orderID, asset, network)
+		case status.Terminal():
+			return paywatch.Errorf(paywatch.CodeInvalidState, "order %s is %s; nothing can be attached to it", orderID, status)
 		}
-		if _, err := tx.ExecContext(ctx, `UPDATE transfers SET order_id = $2, flags = array_remove(flags, 'ambiguous'),
-			updated_at = $3 WHERE id = $1`, transferID, orderID, now); err != nil {
+		if _, err := tx.ExecContext(ctx, `UPDATE transfers SET order_id = $2, match_kind = 'operator',
+			flags = array_remove(flags, 'ambiguous'), updated_at = $3 WHERE id = $1`, transferID, orderID, now); err != nil {
 			return fmt.Errorf("attach: %w", err)
 		}
-		return orders.AppendEvent(ctx, tx, orderID, now, "transfer_attached", "", "", actor,
+		if err := queueReviews(ctx, tx, now, []string{orderID}); err != nil {
+			return err
+		}
+		return orders.AppendEvent(ctx, tx, orderID, now, orders.EventTransferAttached, "", "", actor,
 			map[string]string{"transfer_id": transferID, "tx_hash": t.TxHash, "amount_units": t.Amount, "note": note})
 	})
 }
@@ -86,82 +109,81 @@ func (op *Operator) Attach(ctx context.Context, transferID, orderID, note, actor
 // Resolve closes a disputed order as settled, refunded or cancelled. What
 // the order's ledger account holds moves to settled (settled), to
 // refunds_owed (refunded), or back to suspense with its transfers detached
-// (cancelled), in the same transaction as the status change.
+// (cancelled), in the same transaction as the status change. An order with
+// a payment still waiting for its confirmations is not resolved: its later
+// attribution would land in a closed order's account.
 func (op *Operator) Resolve(ctx context.Context, orderID string, outcome paywatch.Status, note, actor string) error {
 	if note == "" {
 		return paywatch.Errorf(paywatch.CodeInvalidRequest, "note is required: say why the dispute is resolved this way")
 	}
-	valid := false
-	for _, o := range Outcomes {
-		valid = valid || o == outcome
-	}
-	if !valid {
-		return paywatch.Errorf(paywatch.CodeInvalidRequest, "outcome must be settled, refunded or cancelled, not %q", outcome)
+	if !paywatch.CanMove(paywatch.StatusDisputed, outcome, "", paywatch.ActorOperator) {
+		return paywatch.Errorf(paywatch.CodeInvalidRequest, "outcome must be settled, refunded or cancelled, not %.40q", outcome)
 	}
 	now := op.Now().UTC().Truncate(time.Microsecond)
-	return orders.Tx(ctx, op.db, func(tx *sqlx.Tx) error {
-		var o struct {
-			Status string  `db:"status"`
-			Reason *string `db:"dispute_reason"`
-		}
-		err := tx.GetContext(ctx, &o, `SELECT status, dispute_reason FROM orders WHERE id = $1 FOR UPDATE`, orderID)
-		if errors.Is(err, sql.ErrNoRows) {
-			return paywatch.Errorf(paywatch.CodeNotFound, "no order %q", orderID)
-		}
-		if err != nil {
-			return fmt.Errorf("lock order: %w", err)
-		}
-		if o.Status != string(paywatch.StatusDisputed) {
-			return paywatch.Errorf(paywatch.CodeInvalidState, "order %s is %s; only disputed orders are resolved", orderID, o.Status)
-		}
-		// Bring the ledger up to date first, so that what the order holds
-		// includes every confirmed payment attached to it.
-		if _, err := postLedgerTx(ctx, tx, now, now); err != nil {
-			return fmt.Errorf("update ledger: %w", err)
-		}
-		balances, err := ledger.OrderBalances(ctx, tx, orderID)
+	return pg.Tx(ctx, op.db, func(tx *sqlx.Tx) error {
+		status, reason, _, _, err := lockOrder(ctx, tx, orderID)
 		if err != nil {
 			return err
 		}
-		for _, b := range balances {
-			if b.Amount.Sign() == 0 {
-				continue
-			}
-			var e ledger.Entry
-			ref := orderID + "@" + now.Format("20060102150405.000000")
-			switch outcome {
-			case paywatch.StatusSettled:
-				e = ledger.Move(ledger.KindSettlement, ref, b.Network, b.Asset, b.Account, ledger.Settled(b.Network, b.Asset), b.Amount)
-			case paywatch.StatusRefunded:
-				e = ledger.Move(ledger.KindRefund, ref, b.Network, b.Asset, b.Account, ledger.RefundsOwed(b.Network, b.Asset), b.Amount)
-			default:
-				e = ledger.Move(ledger.KindRelease, ref, b.Network, b.Asset, b.Account, ledger.Suspense(b.Network, b.Asset), b.Amount)
-			}
-			e.OrderID = orderID
-			if _, _, err := ledger.Post(ctx, tx, now, e); err != nil {
-				return err
-			}
+		if status != paywatch.StatusDisputed {
+			return paywatch.Errorf(paywatch.CodeInvalidState, "order %s is %s; only disputed orders are resolved", orderID, status)
+		}
+		// Bring the ledger up to date first, so that what the order holds
+		// includes every confirmed payment attached to it.
+		if _, err := postLedgerTx(ctx, tx, now); err != nil {
+			return fmt.Errorf("update ledger: %w", err)
+		}
+		var waiting int
+		if err := tx.GetContext(ctx, &waiting, `SELECT count(*) FROM transfers WHERE order_id = $1 AND state <> 'orphaned'
+			AND NOT (state = 'confirmed' AND NOT provisional AND NOT ledger_dirty AND attribution_entry IS NOT NULL)`,
+			orderID); err != nil {
+			return fmt.Errorf("count unconfirmed payments: %w", err)
+		}
+		if waiting > 0 {
+			return paywatch.Errorf(paywatch.CodeInvalidState,
+				"order %s has %d payment(s) still waiting for confirmations; resolve it once they are confirmed", orderID, waiting)
+		}
+		ref := orderID + "@" + now.Format("20060102150405.000000")
+		var moved []ledger.Balance
+		switch outcome {
+		case paywatch.StatusSettled:
+			moved, err = ledger.Sweep(ctx, tx, now, orderID, ledger.KindSettlement, ref, ledger.Settled)
+		case paywatch.StatusRefunded:
+			moved, err = ledger.Sweep(ctx, tx, now, orderID, ledger.KindRefund, ref, ledger.RefundsOwed)
+		default:
+			moved, err = ledger.Sweep(ctx, tx, now, orderID, ledger.KindRelease, ref, ledger.Suspense)
+		}
+		if err != nil {
+			return err
+		}
+		accepted := new(big.Int)
+		for _, b := range moved {
+			accepted.Add(accepted, b.Amount)
 		}
 		if outcome == paywatch.StatusCancelled {
 			// The money is no longer this order's: its transfers go back to
 			// the inbox for an operator to place.
-			if _, err := tx.ExecContext(ctx, `UPDATE transfers SET order_id = NULL, attribution_entry = NULL, updated_at = $2 WHERE order_id = $1`, orderID, now); err != nil {
+			if _, err := tx.ExecContext(ctx, `UPDATE transfers SET order_id = NULL, match_kind = NULL, attribution_entry = NULL,
+				updated_at = $2 WHERE order_id = $1`, orderID, now); err != nil {
 				return fmt.Errorf("detach transfers: %w", err)
 			}
 		}
-		settledAt := any(nil)
+		var settledAt, acceptedAmount any
 		if outcome == paywatch.StatusSettled {
-			settledAt = now
+			settledAt, acceptedAmount = now, accepted.String()
 		}
 		if _, err := tx.ExecContext(ctx, `UPDATE orders SET status = $2, dispute_reason = NULL, settled_at = COALESCE($3, settled_at),
-			updated_at = $4 WHERE id = $1`, orderID, string(outcome), settledAt, now); err != nil {
+			accepted_amount = $4, updated_at = $5 WHERE id = $1`, orderID, string(outcome), settledAt, acceptedAmount, now); err != nil {
 			return fmt.Errorf("resolve: %w", err)
 		}
 		detail := map[string]string{"note": note}
-		if o.Reason != nil {
-			detail["dispute_reason"] = *o.Reason
+		if reason != nil {
+			detail["dispute_reason"] = *reason
 		}
-		if err := orders.AppendEvent(ctx, tx, orderID, now, "resolved", paywatch.StatusDisputed, outcome, actor, detail); err != nil {
+		if outcome == paywatch.StatusSettled {
+			detail["accepted_units"] = accepted.String()
+		}
+		if err := orders.AppendEvent(ctx, tx, orderID, now, orders.EventResolved, paywatch.StatusDisputed, outcome, actor, detail); err != nil {
 			return err
 		}
 		return orders.EnqueueWebhook(ctx, tx, orderID, now, "order."+string(outcome))

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jmoiron/sqlx"
+	"github.com/lib/pq"
 
 	"github.com/paywatch/paywatch"
 	"github.com/paywatch/paywatch/chains/bitcoin"
@@ -73,15 +74,35 @@ func newFixture(t *testing.T) *fixture {
 		rec: reconcile.New(db, slog.New(slog.NewTextHandler(io.Discard, nil)), grace, 8*24*time.Hour),
 		op:  reconcile.NewOperator(db)}
 	f.store.Now, f.rec.Now, f.op.Now = c.Now, c.Now, c.Now
-	t.Cleanup(func() {
-		if err := reconcile.CheckInvariants(context.Background(), db); err != nil {
-			t.Errorf("invariants after the scenario:\n%v", err)
-		}
-	})
+	// Both networks have been scanned up to block 0: orders are created at
+	// height 0, and each payment is mined in a block of its own above.
+	pgtest.Exec(t, db, `INSERT INTO chain_cursors (network, head, updated_at) VALUES ('ethereum', 0, $1), ('bitcoin', 0, $1)`, c.Now())
+	t.Cleanup(func() { f.check() })
 	return f
 }
 
+// check runs a pass, then asserts every invariant and that every order is
+// where its payments say.
+func (f *fixture) check() {
+	f.t.Helper()
+	if _, err := f.rec.Pass(context.Background()); err != nil {
+		f.t.Errorf("pass: %v", err)
+	}
+	if err := reconcile.CheckInvariants(context.Background(), f.db); err != nil {
+		f.t.Errorf("invariants after the scenario:\n%v", err)
+	}
+	if err := f.rec.CheckDecisions(context.Background()); err != nil {
+		f.t.Errorf("orders not where their payments say:\n%v", err)
+	}
+}
+
 func (f *fixture) order(a *paywatch.Asset, units int64) *paywatch.Order {
+	f.t.Helper()
+	return f.orderExpiring(a, units, expires)
+}
+
+// orderExpiring creates an order that expires after the given time.
+func (f *fixture) orderExpiring(a *paywatch.Asset, units int64, expiresIn time.Duration) *paywatch.Order {
 	f.t.Helper()
 	f.n++
 	n := eth
@@ -89,7 +110,7 @@ func (f *fixture) order(a *paywatch.Asset, units int64) *paywatch.Order {
 		n = btcNet
 	}
 	o, _, err := f.store.Create(context.Background(), orders.CreateRequest{ExternalID: fmt.Sprintf("ext-%d", f.n),
-		Network: n, Asset: a, Amount: big.NewInt(units), ExpiresIn: expires, Actor: "shop"})
+		Network: n, Asset: a, Amount: big.NewInt(units), ExpiresIn: expiresIn, Actor: "shop"})
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -105,6 +126,7 @@ type payment struct {
 	state    string
 	blockAgo time.Duration // block time = now - blockAgo
 	tx       string
+	flags    []string
 }
 
 func (f *fixture) pay(p payment) string {
@@ -117,12 +139,18 @@ func (f *fixture) pay(p payment) string {
 	if p.tx == "" {
 		p.tx = fmt.Sprintf("0x%064x", f.n)
 	}
+	if p.flags == nil {
+		p.flags = []string{}
+	}
 	now := f.clock.Now()
+	// Each payment is mined in a new block, which becomes the network's head.
 	pgtest.Exec(f.t, f.db, `INSERT INTO transfers (id, network, asset, asset_contract, tx_hash, tx_key, idx, from_address,
-		to_address, amount, block_number, block_hash, state, first_seen_at, updated_at, block_time)
-		VALUES ($1, $2, $3, $4, $5, 'k', 0, '0xfrom', $6, $7, $8, $9, $10, $11, $11, $12)`,
+		to_address, amount, block_number, block_hash, state, first_seen_at, updated_at, block_time, flags)
+		VALUES ($1, $2, $3, $4, $5, 'k', 0, '0xfrom', $6, $7, $8, $9, $10, $11, $11, $12, $13)`,
 		id, p.asset.Network, p.asset.Symbol, p.asset.Contract, p.tx, p.to, p.amount, f.n, fmt.Sprintf("0xb%d", f.n),
-		p.state, now, now.Add(-p.blockAgo))
+		p.state, now, now.Add(-p.blockAgo), pq.Array(p.flags))
+	pgtest.Exec(f.t, f.db, `INSERT INTO chain_cursors (network, head, updated_at) VALUES ($1, $2, $3)
+		ON CONFLICT (network) DO UPDATE SET head = greatest(chain_cursors.head, EXCLUDED.head)`, p.asset.Network, f.n, now)
 	return id
 }
 
@@ -295,7 +323,7 @@ func TestTransitionsAndReasons(t *testing.T) {
 			return o
 		}, paywatch.StatusDisputed, paywatch.ReasonUnderpaid},
 		{"no payment found, then an exact payment settles by itself", func(f *fixture) *paywatch.Order {
-			o := f.order(usdt, 3_000_000)
+			o := f.orderExpiring(usdt, 3_000_000, grace+time.Hour) // paid before expiry
 			f.store.MarkPaid(context.Background(), o.ID, "", "shop")
 			f.clock.Advance(grace + time.Minute)
 			f.rec.Pass(context.Background())
@@ -457,9 +485,10 @@ func TestTwoReconcilersAtOnce(t *testing.T) {
 	f := newFixture(t)
 	const n = 10_000
 	pgtest.Exec(t, f.db, `INSERT INTO orders (id, external_id, request_hash, network, asset, asset_contract, amount, pay_amount,
-		pay_address, unique_k, status, created_at, expires_at, monitor_until, updated_at)
+		pay_address, unique_k, status, created_at, expires_at, monitor_until, updated_at, created_height, earliest_block_time)
 		SELECT 'ord_' || lpad(g::text, 8, '0'), 'bulk-' || g, '\x00', 'ethereum', 'USDT', $1, 1000000 + g, 1000000 + g, $2, g,
-			'awaiting_payment', $3::timestamptz, $3::timestamptz + interval '1 hour', $3::timestamptz + interval '25 hours', $3::timestamptz
+			'awaiting_payment', $3::timestamptz, $3::timestamptz + interval '1 hour', $3::timestamptz + interval '25 hours', $3::timestamptz,
+			0, $3::timestamptz - interval '5 minutes'
 		FROM generate_series(1, $4) g`, usdtSC, shop, f.clock.Now(), n)
 	pgtest.Exec(t, f.db, `INSERT INTO transfers (id, network, asset, asset_contract, tx_hash, tx_key, idx, to_address, amount,
 		block_number, block_hash, state, first_seen_at, updated_at)

@@ -1,13 +1,19 @@
 // Package reconcile ties transfers to order dossiers and moves the dossiers
-// through their lifecycle (DESIGN.md): matching by exact amount or by
-// per-order address, the scheduled reconciler pass, its ledger postings,
-// and operators' attach and resolve actions.
+// through their lifecycle: matching by exact amount or by per-order
+// address, customers' tx hash claims, the scheduled reconciler pass, its
+// ledger postings, and operators' attach and resolve actions.
 //
-// A pass is set-based SQL in batches. Every step is idempotent (a second
-// pass right after the first changes nothing) and safe beside another
-// instance: matching only claims unmatched transfers, ledger entries are
-// unique by (kind, ref), and transitions lock their orders with FOR UPDATE
-// SKIP LOCKED and apply only if the status is still the one decided on.
+// Which payment may pay which order is decided in one place (eligibility);
+// which status an order's payments call for is paywatch.Decide, a pure
+// function checked against paywatch.Lifecycle. A pass is set-based SQL in
+// batches; every step is idempotent (a second pass right after the first
+// changes nothing) and safe beside another instance: matching only claims
+// unmatched transfers of locked orders, ledger entries are unique by (kind,
+// ref), and transitions lock their orders with FOR NO KEY UPDATE SKIP LOCKED
+// and apply only if the status is still the one decided on.
+//
+// Locks are always taken order before transfer, so that no two paths wait
+// on each other.
 package reconcile
 
 import (
@@ -17,9 +23,11 @@ import (
 	"time"
 
 	"github.com/jmoiron/sqlx"
+	"github.com/lib/pq"
 
 	"github.com/paywatch/paywatch/chains/scan"
-	"github.com/paywatch/paywatch/reconcile/orders"
+	"github.com/paywatch/paywatch/ledger"
+	"github.com/paywatch/paywatch/migrations/pg"
 )
 
 // DefaultBatch is how many orders one transition statement handles.
@@ -33,15 +41,16 @@ type Reconciler struct {
 	Now func() time.Time
 	// PaidGrace is how long after "I've paid" a missing payment disputes.
 	PaidGrace time.Duration
-	// Lookback bounds how old an unmatched transfer may be to still match:
-	// the longest expiry plus the monitoring window.
+	// Lookback bounds how old (first seen) an unmatched transfer may be to
+	// still match: the longest expiry plus the monitoring window.
 	Lookback time.Duration
 	// Batch is the number of orders per transition statement.
 	Batch int
 	// Lookups read a transaction straight from a network's node, by
-	// network name, for "I've paid" hints the scanner has not reached.
+	// network name, for customers' tx hashes no watcher has recorded yet.
+	// They run beside the passes (LookUpHints), never inside one.
 	Lookups map[string]TxLookup
-	// Record stores what a lookup found.
+	// Record stores what a look-up found, as provisional transfers.
 	Record func(ctx context.Context, network string, found []scan.Found) error
 }
 
@@ -57,19 +66,24 @@ func New(db *sqlx.DB, log *slog.Logger, paidGrace, lookback time.Duration) *Reco
 
 // Result counts what a pass did.
 type Result struct {
-	Matched     int64 // transfers tied to orders
+	Matched     int64 // transfers tied to orders, by amount, address or claim
 	Ambiguous   int64 // transfers with more than one candidate order
+	Claims      int64 // customers' tx hash claims decided (linked or rejected)
 	Entries     int64 // ledger entries posted (receipts, attributions, reversals)
 	Transitions int64 // order status changes
 }
 
 func (r Result) String() string {
-	return fmt.Sprintf("matched=%d ambiguous=%d entries=%d transitions=%d", r.Matched, r.Ambiguous, r.Entries, r.Transitions)
+	return fmt.Sprintf("matched=%d ambiguous=%d claims=%d entries=%d transitions=%d",
+		r.Matched, r.Ambiguous, r.Claims, r.Entries, r.Transitions)
 }
 
-// Pass runs one reconciliation: match, post ledger entries, move orders.
+func (r *Reconciler) now() time.Time { return r.Now().UTC().Truncate(time.Microsecond) }
+
+// Pass runs one reconciliation: match, follow claims, post ledger entries,
+// move orders.
 func (r *Reconciler) Pass(ctx context.Context) (Result, error) {
-	now := r.Now().UTC().Truncate(time.Microsecond)
+	now := r.now()
 	var res Result
 	var err error
 	if res.Ambiguous, err = r.exec(ctx, flagAmbiguous, now); err != nil {
@@ -78,11 +92,12 @@ func (r *Reconciler) Pass(ctx context.Context) (Result, error) {
 	if res.Matched, err = r.exec(ctx, matchTransfers, now); err != nil {
 		return res, fmt.Errorf("match transfers: %w", err)
 	}
-	if n, err := r.checkHints(ctx, now); err != nil {
-		return res, fmt.Errorf("check tx hash hints: %w", err)
-	} else {
-		res.Matched += n
+	linked, decided, err := r.followHints(ctx, now)
+	if err != nil {
+		return res, fmt.Errorf("check tx hash claims: %w", err)
 	}
+	res.Matched += linked
+	res.Claims = decided
 	if res.Entries, err = r.postLedger(ctx, now); err != nil {
 		return res, err
 	}
@@ -92,7 +107,8 @@ func (r *Reconciler) Pass(ctx context.Context) (Result, error) {
 		return res, err
 	}
 	if res != (Result{}) {
-		r.log.Info("reconciled", "matched", res.Matched, "ambiguous", res.Ambiguous, "entries", res.Entries, "transitions", res.Transitions)
+		r.log.Info("reconciled", "matched", res.Matched, "ambiguous", res.Ambiguous, "claims", res.Claims,
+			"entries", res.Entries, "transitions", res.Transitions)
 	}
 	return res, nil
 }
@@ -101,43 +117,44 @@ func (r *Reconciler) Pass(ctx context.Context) (Result, error) {
 // what reorgs undid, receipts of confirmed transfers, attributions of
 // matched ones. Pass does it too; it returns the entries posted.
 func (r *Reconciler) PostLedger(ctx context.Context) (int64, error) {
-	return r.postLedger(ctx, r.Now().UTC().Truncate(time.Microsecond))
+	return r.postLedger(ctx, r.now())
 }
 
 func (r *Reconciler) postLedger(ctx context.Context, now time.Time) (int64, error) {
-	var total int64
-	err := orders.Tx(ctx, r.db, func(tx *sqlx.Tx) error {
+	var n int64
+	err := pg.Tx(ctx, r.db, func(tx *sqlx.Tx) error {
 		var err error
-		total, err = postLedgerTx(ctx, tx, now, now.Add(-r.Lookback))
+		n, err = postLedgerTx(ctx, tx, now)
 		return err
 	})
-	return total, err
+	if err != nil {
+		return 0, fmt.Errorf("post ledger entries: %w", err)
+	}
+	return n, nil
 }
 
-// ledgerLock serialises the ledger statements of concurrent passes (and of
-// operators' resolutions): each sees what the previous one posted.
-const ledgerLock = `SELECT pg_advisory_xact_lock(hashtextextended('paywatch:ledger', 0))`
+// postLedgerTx posts the transfers' ledger entries inside tx and queues a
+// review of every order whose account they changed.
+func postLedgerTx(ctx context.Context, tx *sqlx.Tx, now time.Time) (int64, error) {
+	p, err := ledger.PostTransfers(ctx, tx, now)
+	if err != nil {
+		return 0, err
+	}
+	if err := queueReviews(ctx, tx, now, p.Orders); err != nil {
+		return 0, err
+	}
+	return p.Entries, nil
+}
 
-// postLedgerTx runs the ledger statements inside tx, under the ledger lock.
-func postLedgerTx(ctx context.Context, tx *sqlx.Tx, now, since time.Time) (int64, error) {
-	if _, err := tx.ExecContext(ctx, ledgerLock); err != nil {
-		return 0, fmt.Errorf("lock the ledger: %w", err)
+// queueReviews asks the next transitions step to decide these orders again.
+func queueReviews(ctx context.Context, ex sqlx.ExecerContext, now time.Time, orderIDs []string) error {
+	if len(orderIDs) == 0 {
+		return nil
 	}
-	var total int64
-	for _, step := range []struct {
-		name, sql string
-	}{
-		{"reverse entries of orphaned transfers", reverseOrphaned},
-		{"post receipts", postReceipts},
-		{"post attributions", postAttributions},
-	} {
-		var n int64
-		if err := tx.GetContext(ctx, &n, step.sql, now, since); err != nil {
-			return total, fmt.Errorf("%s: %w", step.name, err)
-		}
-		total += n
+	if _, err := ex.ExecContext(ctx, reviewSQL(`SELECT unnest($2::text[])`), now, pq.Array(orderIDs)); err != nil {
+		return fmt.Errorf("queue order reviews: %w", err)
 	}
-	return total, nil
+	return nil
 }
 
 // exec runs one set-based statement with the pass's parameters: $1 now,
@@ -148,26 +165,4 @@ func (r *Reconciler) exec(ctx context.Context, query string, now time.Time) (int
 		return 0, err
 	}
 	return n, nil
-}
-
-// transitions moves orders in batches of r.Batch, walking the open orders
-// by id.
-func (r *Reconciler) transitions(ctx context.Context, now time.Time) (int64, error) {
-	var total int64
-	after := ""
-	for {
-		var row struct {
-			Candidates int64   `db:"candidates"`
-			Last       *string `db:"last_id"`
-			Moved      int64   `db:"moved"`
-		}
-		if err := r.db.GetContext(ctx, &row, transitionBatch, now, r.PaidGrace.Seconds(), after, r.Batch); err != nil {
-			return total, fmt.Errorf("move orders: %w", err)
-		}
-		total += row.Moved
-		if row.Candidates < int64(r.Batch) || row.Last == nil {
-			return total, nil
-		}
-		after = *row.Last
-	}
 }

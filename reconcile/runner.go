@@ -3,6 +3,7 @@ package reconcile
 import (
 	"context"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/lib/pq"
@@ -10,9 +11,12 @@ import (
 )
 
 // Runner runs passes on a robfig/cron schedule, and at once when nudged:
-// by a scanner's commit (a PostgreSQL notification on notifyChannel) or by
-// an operator's action. Passes never overlap; nudges that arrive during a
-// pass coalesce into one more pass.
+// by a scanner's commit or a customer's tx hash claim (PostgreSQL
+// notifications on channel) or by an operator's action. Passes never
+// overlap; nudges that arrive during a pass coalesce into one more pass.
+// Beside the passes, it looks customers' tx hashes up on the nodes
+// (LookUpHints), once a second and when a claim arrives; a look-up that
+// finds something nudges a pass.
 type Runner struct {
 	rec      *Reconciler
 	schedule string
@@ -20,19 +24,49 @@ type Runner struct {
 	channel  string
 	log      *slog.Logger
 	nudge    chan struct{}
+	lookup   chan struct{}
 }
+
+// lookupInterval is how often pending claims are looked up on the nodes
+// when nothing nudges.
+const lookupInterval = time.Second
 
 // NewRunner returns a Runner; dsn and channel may be empty to run on the
 // schedule alone.
 func NewRunner(rec *Reconciler, schedule, dsn, channel string, log *slog.Logger) *Runner {
-	return &Runner{rec: rec, schedule: schedule, dsn: dsn, channel: channel, log: log, nudge: make(chan struct{}, 1)}
+	return &Runner{rec: rec, schedule: schedule, dsn: dsn, channel: channel, log: log,
+		nudge: make(chan struct{}, 1), lookup: make(chan struct{}, 1)}
 }
 
-// Nudge asks for a pass as soon as possible.
+// Nudge asks for a pass, and a round of look-ups, as soon as possible.
 func (r *Runner) Nudge() {
-	select {
-	case r.nudge <- struct{}{}:
-	default:
+	for _, c := range []chan struct{}{r.nudge, r.lookup} {
+		select {
+		case c <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// lookUp runs rounds of look-ups until ctx ends.
+func (r *Runner) lookUp(ctx context.Context) {
+	for {
+		found, err := r.rec.LookUpHints(ctx)
+		if err != nil && ctx.Err() == nil {
+			r.log.Warn("tx hash look-ups failed", "err", err)
+		}
+		if found > 0 {
+			select {
+			case r.nudge <- struct{}{}:
+			default:
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-r.lookup:
+		case <-time.After(lookupInterval):
+		}
 	}
 }
 
@@ -67,6 +101,13 @@ func (r *Runner) Run(ctx context.Context) error {
 			}()
 		}
 	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		r.lookUp(ctx)
+	}()
 	r.Nudge() // a pass at start
 	for {
 		select {

@@ -12,6 +12,7 @@ import (
 	"github.com/lib/pq"
 
 	"github.com/paywatch/paywatch"
+	"github.com/paywatch/paywatch/migrations/pg"
 )
 
 // Store keeps what the scanners see in PostgreSQL: cursors, recent block
@@ -30,7 +31,7 @@ var ErrCursorMoved = errors.New("cursor moved under the scanner (another instanc
 
 // NotifyChannel is the PostgreSQL channel a commit notifies with the
 // network's name, so that the reconciler reacts without waiting.
-const NotifyChannel = "paywatch_chain"
+const NotifyChannel = pg.NotifyChannel
 
 type cursorRow struct {
 	Number *int64  `db:"block_number"`
@@ -111,104 +112,130 @@ type Commit struct {
 
 // Commit writes a scan step atomically: reorg rewind, transfers, block
 // hashes, confirmations and the cursor.
+//
+// Transfers a look-up recorded ahead of the scanner (Record) are
+// provisional: seen again in a scanned block, they become the scanner's
+// own; left unseen at or below the new cursor, their block was not the
+// canonical one and they are orphaned like any other.
 func (s *Store) Commit(ctx context.Context, c Commit) (orphaned int, err error) {
 	now := s.Now().UTC().Truncate(time.Microsecond)
-	tx, err := s.db.BeginTxx(ctx, nil)
-	if err != nil {
-		return 0, fmt.Errorf("begin: %w", err)
-	}
-	defer tx.Rollback()
-
-	var cur cursorRow
-	err = tx.GetContext(ctx, &cur, `SELECT block_number, block_hash, halted, first_block FROM chain_cursors WHERE network = $1 FOR UPDATE`, c.Network)
-	switch {
-	case errors.Is(err, sql.ErrNoRows):
-		cur = cursorRow{} // sqlx may have allocated the pointer fields
-		if _, err := tx.ExecContext(ctx, `INSERT INTO chain_cursors (network, updated_at) VALUES ($1, $2)`, c.Network, now); err != nil {
-			return 0, fmt.Errorf("create cursor of %s: %w", c.Network, err)
+	err = pg.Tx(ctx, s.db, func(tx *sqlx.Tx) error {
+		var cur cursorRow
+		err := tx.GetContext(ctx, &cur, `SELECT block_number, block_hash, halted, first_block FROM chain_cursors
+			WHERE network = $1 FOR UPDATE`, c.Network)
+		switch {
+		case errors.Is(err, sql.ErrNoRows):
+			cur = cursorRow{} // sqlx may have allocated the pointer fields
+			if _, err := tx.ExecContext(ctx, `INSERT INTO chain_cursors (network, updated_at) VALUES ($1, $2)`, c.Network, now); err != nil {
+				return fmt.Errorf("create cursor of %s: %w", c.Network, err)
+			}
+		case err != nil:
+			return fmt.Errorf("lock cursor of %s: %w", c.Network, err)
 		}
-	case err != nil:
-		return 0, fmt.Errorf("lock cursor of %s: %w", c.Network, err)
-	}
-	if !sameBlock(cur, c.Prev) {
-		return 0, ErrCursorMoved
-	}
-
-	if c.OrphanAbove != nil {
-		if _, err := tx.ExecContext(ctx, `UPDATE transfers SET state = 'orphaned', orphaned_at = $3, updated_at = $3, ledger_dirty = true
-			WHERE network = $1 AND block_number > $2 AND state <> 'orphaned'`, c.Network, int64(*c.OrphanAbove), now); err != nil {
-			return 0, fmt.Errorf("orphan transfers: %w", err)
+		if !sameBlock(cur, c.Prev) {
+			return ErrCursorMoved
 		}
-		if _, err := tx.ExecContext(ctx, `DELETE FROM chain_blocks WHERE network = $1 AND block_number > $2`, c.Network, int64(*c.OrphanAbove)); err != nil {
-			return 0, fmt.Errorf("forget orphaned blocks: %w", err)
-		}
-	}
-	if c.Batch != nil {
-		if err := upsertTransfers(ctx, tx, c.Network, c.Batch.Transfers, now); err != nil {
-			return 0, err
-		}
-		if err := storeBlocks(ctx, tx, c.Network, c.Batch.Blocks); err != nil {
-			return 0, err
-		}
-	}
-	if c.OrphanAbove != nil {
-		if err := tx.GetContext(ctx, &orphaned, `SELECT count(*) FROM transfers WHERE network = $1 AND orphaned_at = $2`, c.Network, now); err != nil {
-			return 0, fmt.Errorf("count orphaned transfers: %w", err)
-		}
-		// The dossiers of matched transfers the reorg took away say so on
-		// their timelines (the reconciler moves their status and ledger).
-		if _, err := tx.ExecContext(ctx, `INSERT INTO order_events (order_id, at, type, actor, detail)
-			SELECT order_id, $2, 'transfer_orphaned', 'scanner',
-				jsonb_build_object('transfer_id', id, 'tx_hash', tx_hash, 'block_number', block_number, 'block_hash', block_hash)
-			FROM transfers WHERE network = $1 AND orphaned_at = $2 AND order_id IS NOT NULL`, c.Network, now); err != nil {
-			return 0, fmt.Errorf("note orphaned transfers on timelines: %w", err)
-		}
-		old := int64(-1)
-		if c.Prev != nil {
-			old = int64(c.Prev.Number)
-		}
-		if _, err := tx.ExecContext(ctx, `INSERT INTO chain_reorgs (network, at, fork_block, old_cursor, orphaned_count)
-			VALUES ($1, $2, $3, $4, $5)`, c.Network, now, int64(*c.OrphanAbove), old, orphaned); err != nil {
-			return 0, fmt.Errorf("record reorg: %w", err)
-		}
-	}
-	if c.Cursor != nil {
-		if err := storeBlocks(ctx, tx, c.Network, []Block{*c.Cursor}); err != nil {
-			return 0, err
-		}
-		if c.Window > 0 && c.Cursor.Number > c.Window {
-			if _, err := tx.ExecContext(ctx, `DELETE FROM chain_blocks WHERE network = $1 AND block_number < $2`,
-				c.Network, int64(c.Cursor.Number-c.Window)); err != nil {
-				return 0, fmt.Errorf("prune block hashes: %w", err)
+		// Orders created before anything of this network was recorded (no
+		// head, no cursor) are bounded by where scanning began; their
+		// earliest_block_time bounds them too. This is the first commit that
+		// gives a height. (Orders are locked before transfers, here as
+		// everywhere.)
+		if cur.Number == nil && c.Batch != nil {
+			if _, err := tx.ExecContext(ctx, `UPDATE orders SET created_height = $2 WHERE network = $1 AND created_height IS NULL`,
+				c.Network, int64(c.First)-1); err != nil {
+				return fmt.Errorf("note the height of new orders: %w", err)
 			}
 		}
-	}
-	if c.ConfirmedAtOrBelow > 0 {
-		if _, err := tx.ExecContext(ctx, `UPDATE transfers SET state = 'confirmed', updated_at = $3
-			WHERE network = $1 AND state = 'seen' AND block_number <= $2`, c.Network, int64(c.ConfirmedAtOrBelow), now); err != nil {
-			return 0, fmt.Errorf("confirm transfers: %w", err)
+		if c.OrphanAbove != nil {
+			if _, err := tx.ExecContext(ctx, `UPDATE transfers SET state = 'orphaned', orphaned_at = $3, updated_at = $3, ledger_dirty = true
+				WHERE network = $1 AND block_number > $2 AND state <> 'orphaned'`, c.Network, int64(*c.OrphanAbove), now); err != nil {
+				return fmt.Errorf("orphan transfers: %w", err)
+			}
+			if _, err := tx.ExecContext(ctx, `DELETE FROM chain_blocks WHERE network = $1 AND block_number > $2`, c.Network, int64(*c.OrphanAbove)); err != nil {
+				return fmt.Errorf("forget orphaned blocks: %w", err)
+			}
 		}
-	}
-	var number *int64
-	var hash *string
-	if c.Cursor != nil {
-		n := int64(c.Cursor.Number)
-		number, hash = &n, &c.Cursor.Hash
-	}
-	var first *int64
-	if c.Batch != nil {
-		f := int64(c.First)
-		first = &f
-	}
-	if _, err := tx.ExecContext(ctx, `UPDATE chain_cursors SET block_number = $2, block_hash = $3, head = $4,
-		finalized = $5, last_error = NULL, updated_at = $6, first_block = COALESCE(first_block, $7) WHERE network = $1`,
-		c.Network, number, hash, int64(c.Head.Number), int64(c.Head.Finalized), now, first); err != nil {
-		return 0, fmt.Errorf("advance cursor of %s: %w", c.Network, err)
-	}
-	if _, err := tx.ExecContext(ctx, `SELECT pg_notify($1, $2)`, NotifyChannel, c.Network); err != nil {
-		return 0, fmt.Errorf("notify: %w", err)
-	}
-	if err := tx.Commit(); err != nil {
+		if c.Batch != nil {
+			if err := upsertTransfers(ctx, tx, c.Network, c.Batch.Transfers, now); err != nil {
+				return err
+			}
+			if err := storeBlocks(ctx, tx, c.Network, c.Batch.Blocks); err != nil {
+				return err
+			}
+		}
+		if c.Cursor != nil {
+			if _, err := tx.ExecContext(ctx, `UPDATE transfers SET state = 'orphaned', orphaned_at = $3, updated_at = $3, ledger_dirty = true
+				WHERE network = $1 AND provisional AND block_number <= $2 AND state <> 'orphaned'`,
+				c.Network, int64(c.Cursor.Number), now); err != nil {
+				return fmt.Errorf("orphan look-ups the scanner did not see: %w", err)
+			}
+		}
+		if err := tx.GetContext(ctx, &orphaned, `SELECT count(*) FROM transfers WHERE network = $1 AND orphaned_at = $2`, c.Network, now); err != nil {
+			return fmt.Errorf("count orphaned transfers: %w", err)
+		}
+		if orphaned > 0 {
+			// The dossiers of matched transfers the reorg took away say so on
+			// their timelines (the reconciler moves their status and ledger).
+			if _, err := tx.ExecContext(ctx, `INSERT INTO order_events (order_id, at, type, actor, detail)
+				SELECT order_id, $2, 'transfer_orphaned', 'scanner',
+					jsonb_build_object('transfer_id', id, 'tx_hash', tx_hash, 'block_number', block_number, 'block_hash', block_hash)
+				FROM transfers WHERE network = $1 AND orphaned_at = $2 AND order_id IS NOT NULL`, c.Network, now); err != nil {
+				return fmt.Errorf("note orphaned transfers on timelines: %w", err)
+			}
+		}
+		if c.OrphanAbove != nil {
+			old := int64(-1)
+			if c.Prev != nil {
+				old = int64(c.Prev.Number)
+			}
+			if _, err := tx.ExecContext(ctx, `INSERT INTO chain_reorgs (network, at, fork_block, old_cursor, orphaned_count)
+				VALUES ($1, $2, $3, $4, $5)`, c.Network, now, int64(*c.OrphanAbove), old, orphaned); err != nil {
+				return fmt.Errorf("record reorg: %w", err)
+			}
+		}
+		if c.Cursor != nil {
+			if err := storeBlocks(ctx, tx, c.Network, []Block{*c.Cursor}); err != nil {
+				return err
+			}
+			if c.Window > 0 && c.Cursor.Number > c.Window {
+				if _, err := tx.ExecContext(ctx, `DELETE FROM chain_blocks WHERE network = $1 AND block_number < $2`,
+					c.Network, int64(c.Cursor.Number-c.Window)); err != nil {
+					return fmt.Errorf("prune block hashes: %w", err)
+				}
+			}
+		}
+		if c.ConfirmedAtOrBelow > 0 {
+			if _, err := tx.ExecContext(ctx, `UPDATE transfers SET state = 'confirmed', updated_at = $3
+				WHERE network = $1 AND state = 'seen' AND NOT provisional AND block_number <= $2`,
+				c.Network, int64(c.ConfirmedAtOrBelow), now); err != nil {
+				return fmt.Errorf("confirm transfers: %w", err)
+			}
+		}
+		var number *int64
+		var hash *string
+		if c.Cursor != nil {
+			n := int64(c.Cursor.Number)
+			number, hash = &n, &c.Cursor.Hash
+		}
+		var first *int64
+		if c.Batch != nil {
+			f := int64(c.First)
+			first = &f
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE chain_cursors SET block_number = $2, block_hash = $3, head = $4,
+			finalized = $5, last_error = NULL, updated_at = $6, first_block = COALESCE(first_block, $7) WHERE network = $1`,
+			c.Network, number, hash, int64(c.Head.Number), int64(c.Head.Finalized), now, first); err != nil {
+			return fmt.Errorf("advance cursor of %s: %w", c.Network, err)
+		}
+		if _, err := tx.ExecContext(ctx, `SELECT pg_notify($1, $2)`, pg.NotifyChannel, c.Network); err != nil {
+			return fmt.Errorf("notify: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
+		if errors.Is(err, ErrCursorMoved) {
+			return 0, err
+		}
 		return 0, fmt.Errorf("commit scan of %s: %w", c.Network, err)
 	}
 	return orphaned, nil
@@ -221,7 +248,16 @@ func sameBlock(cur cursorRow, prev *Block) bool {
 	return prev != nil && uint64(*cur.Number) == prev.Number && *cur.Hash == prev.Hash
 }
 
+// upsertTransfers stores what the scanner found: a transfer already
+// recorded moves to the block it was found in now (a reorg that mined it
+// again) and stops being provisional.
 func upsertTransfers(ctx context.Context, tx *sqlx.Tx, network string, found []Found, now time.Time) error {
+	return insertTransfers(ctx, tx, network, found, now, false)
+}
+
+// insertTransfers stores transfers: as the scanner's (upserting) or, when
+// provisional, as a look-up's (leaving any already recorded untouched).
+func insertTransfers(ctx context.Context, tx *sqlx.Tx, network string, found []Found, now time.Time, provisional bool) error {
 	if len(found) == 0 {
 		return nil
 	}
@@ -248,29 +284,37 @@ func upsertTransfers(ctx context.Context, tx *sqlx.Tx, network string, found []F
 			blockTimes[i] = t.Format(time.RFC3339Nano)
 		}
 	}
+	conflict := `DO NOTHING`
+	if !provisional {
+		conflict = scannerConflict
+	}
 	_, err := tx.ExecContext(ctx, `INSERT INTO transfers (id, network, asset, asset_contract, tx_hash, tx_key, idx,
-			from_address, to_address, amount, block_number, block_hash, block_time, state, flags, first_seen_at, updated_at)
+			from_address, to_address, amount, block_number, block_hash, block_time, state, flags, first_seen_at, updated_at, provisional)
 		SELECT u.id, $1, u.asset, u.contract, u.hash, u.key, u.idx, u.from_addr, u.to_addr, u.amount::numeric,
-			u.number, u.block_hash, NULLIF(u.block_time, '')::timestamptz, 'seen', string_to_array(u.flags, ','), $2, $2
+			u.number, u.block_hash, NULLIF(u.block_time, '')::timestamptz, 'seen', string_to_array(u.flags, ','), $2, $2, $16
 		FROM unnest($3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::bigint[], $9::text[],
 			$10::text[], $11::text[], $12::bigint[], $13::text[], $14::text[], $15::text[])
 			AS u(id, asset, contract, hash, key, idx, from_addr, to_addr, amount, number, block_hash, flags, block_time)
-		ON CONFLICT (network, tx_hash, tx_key) DO UPDATE SET
-			idx = EXCLUDED.idx, block_number = EXCLUDED.block_number, block_hash = EXCLUDED.block_hash,
-			block_time = EXCLUDED.block_time,
-			state = CASE WHEN transfers.state <> 'orphaned' AND transfers.block_hash = EXCLUDED.block_hash
-				THEN transfers.state ELSE 'seen' END,
-			ledger_dirty = transfers.ledger_dirty OR transfers.block_hash <> EXCLUDED.block_hash,
-			orphaned_at = NULL,
-			updated_at = CASE WHEN transfers.block_hash = EXCLUDED.block_hash AND transfers.state <> 'orphaned'
-				THEN transfers.updated_at ELSE EXCLUDED.updated_at END`,
+		ON CONFLICT (network, tx_hash, tx_key) `+conflict,
 		network, now, pq.Array(ids), pq.Array(assets), pq.Array(contracts), pq.Array(hashes), pq.Array(keys),
-		pq.Array(idx), pq.Array(froms), pq.Array(tos), pq.Array(amounts), pq.Array(numbers), pq.Array(blockHashes), pq.Array(flags), pq.Array(blockTimes))
+		pq.Array(idx), pq.Array(froms), pq.Array(tos), pq.Array(amounts), pq.Array(numbers), pq.Array(blockHashes), pq.Array(flags), pq.Array(blockTimes),
+		provisional)
 	if err != nil {
 		return fmt.Errorf("store %d transfers: %w", n, err)
 	}
 	return nil
 }
+
+// scannerConflict is what the scanner does with a transfer it finds again.
+const scannerConflict = `DO UPDATE SET
+			idx = EXCLUDED.idx, block_number = EXCLUDED.block_number, block_hash = EXCLUDED.block_hash,
+			block_time = EXCLUDED.block_time,
+			state = CASE WHEN transfers.state <> 'orphaned' AND transfers.block_hash = EXCLUDED.block_hash
+				THEN transfers.state ELSE 'seen' END,
+			ledger_dirty = transfers.ledger_dirty OR transfers.block_hash <> EXCLUDED.block_hash,
+			orphaned_at = NULL, provisional = false,
+			updated_at = CASE WHEN transfers.block_hash = EXCLUDED.block_hash AND transfers.state <> 'orphaned'
+				THEN transfers.updated_at ELSE EXCLUDED.updated_at END`
 
 func storeBlocks(ctx context.Context, tx *sqlx.Tx, network string, blocks []Block) error {
 	if len(blocks) == 0 {
@@ -337,20 +381,28 @@ func (s *Store) Statuses(ctx context.Context) (map[string]Status, error) {
 	return out, nil
 }
 
-// Record stores transfers found outside a scan (a customer's tx hash looked
-// up directly) without moving the cursor. The scanner sees them again when it
-// reaches their block: same identity, recorded once.
+// Record stores transfers found outside a scan (a customer's tx hash
+// looked up on the node) without moving the cursor. They are provisional
+// (see Commit): they may be matched at once, but confirm only once the
+// scanner has seen them in a canonical block. A transfer already recorded
+// is left as it is, and one at or below the cursor is not recorded: the
+// scanner has passed its block without seeing it there.
 func (s *Store) Record(ctx context.Context, network string, found []Found) error {
 	now := s.Now().UTC().Truncate(time.Microsecond)
-	tx, err := s.db.BeginTxx(ctx, nil)
-	if err != nil {
-		return fmt.Errorf("begin: %w", err)
-	}
-	defer tx.Rollback()
-	if err := upsertTransfers(ctx, tx, network, found, now); err != nil {
-		return err
-	}
-	return tx.Commit()
+	return pg.Tx(ctx, s.db, func(tx *sqlx.Tx) error {
+		var cursor *int64
+		err := tx.GetContext(ctx, &cursor, `SELECT block_number FROM chain_cursors WHERE network = $1 FOR SHARE`, network)
+		if err != nil && !errors.Is(err, sql.ErrNoRows) {
+			return fmt.Errorf("read cursor of %s: %w", network, err)
+		}
+		var ahead []Found
+		for _, f := range found {
+			if cursor == nil || f.BlockNumber > uint64(*cursor) {
+				ahead = append(ahead, f)
+			}
+		}
+		return insertTransfers(ctx, tx, network, ahead, now, true)
+	})
 }
 
 // Rewind moves a network's cursor back to block to (an operator's decision
@@ -359,51 +411,50 @@ func (s *Store) Record(ctx context.Context, network string, found []Found) error
 // and the halt is cleared — in one transaction.
 func (s *Store) Rewind(ctx context.Context, network string, to Block) (orphaned int, err error) {
 	now := s.Now().UTC().Truncate(time.Microsecond)
-	tx, err := s.db.BeginTxx(ctx, nil)
+	err = pg.Tx(ctx, s.db, func(tx *sqlx.Tx) error {
+		var old *int64
+		err := tx.GetContext(ctx, &old, `SELECT block_number FROM chain_cursors WHERE network = $1 FOR UPDATE`, network)
+		if errors.Is(err, sql.ErrNoRows) {
+			return fmt.Errorf("network %s has never been scanned", network)
+		}
+		if err != nil {
+			return fmt.Errorf("lock cursor of %s: %w", network, err)
+		}
+		res, err := tx.ExecContext(ctx, `UPDATE transfers SET state = 'orphaned', orphaned_at = $3, updated_at = $3, ledger_dirty = true
+			WHERE network = $1 AND block_number > $2 AND state <> 'orphaned'`, network, int64(to.Number), now)
+		if err != nil {
+			return fmt.Errorf("orphan transfers: %w", err)
+		}
+		n, _ := res.RowsAffected()
+		orphaned = int(n)
+		if _, err := tx.ExecContext(ctx, `INSERT INTO order_events (order_id, at, type, actor, detail)
+			SELECT order_id, $2, 'transfer_orphaned', 'operator', jsonb_build_object('transfer_id', id, 'tx_hash', tx_hash,
+				'block_number', block_number, 'reason', 'rescan')
+			FROM transfers WHERE network = $1 AND orphaned_at = $2 AND order_id IS NOT NULL`, network, now); err != nil {
+			return fmt.Errorf("note orphaned transfers on timelines: %w", err)
+		}
+		if _, err := tx.ExecContext(ctx, `DELETE FROM chain_blocks WHERE network = $1 AND block_number > $2`, network, int64(to.Number)); err != nil {
+			return fmt.Errorf("forget block hashes: %w", err)
+		}
+		if err := storeBlocks(ctx, tx, network, []Block{to}); err != nil {
+			return err
+		}
+		oldCursor := int64(-1)
+		if old != nil {
+			oldCursor = *old
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO chain_reorgs (network, at, fork_block, old_cursor, orphaned_count)
+			VALUES ($1, $2, $3, $4, $5)`, network, now, int64(to.Number), oldCursor, n); err != nil {
+			return fmt.Errorf("record rewind: %w", err)
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE chain_cursors SET block_number = $2, block_hash = $3, halted = false,
+			last_error = NULL, updated_at = $4 WHERE network = $1`, network, int64(to.Number), to.Hash, now); err != nil {
+			return fmt.Errorf("rewind cursor: %w", err)
+		}
+		return nil
+	})
 	if err != nil {
-		return 0, fmt.Errorf("begin: %w", err)
-	}
-	defer tx.Rollback()
-	var old *int64
-	err = tx.GetContext(ctx, &old, `SELECT block_number FROM chain_cursors WHERE network = $1 FOR UPDATE`, network)
-	if errors.Is(err, sql.ErrNoRows) {
-		return 0, fmt.Errorf("network %s has never been scanned", network)
-	}
-	if err != nil {
-		return 0, fmt.Errorf("lock cursor of %s: %w", network, err)
-	}
-	res, err := tx.ExecContext(ctx, `UPDATE transfers SET state = 'orphaned', orphaned_at = $3, updated_at = $3, ledger_dirty = true
-		WHERE network = $1 AND block_number > $2 AND state <> 'orphaned'`, network, int64(to.Number), now)
-	if err != nil {
-		return 0, fmt.Errorf("orphan transfers: %w", err)
-	}
-	n, _ := res.RowsAffected()
-	if _, err := tx.ExecContext(ctx, `INSERT INTO order_events (order_id, at, type, actor, detail)
-		SELECT order_id, $2, 'transfer_orphaned', 'operator', jsonb_build_object('transfer_id', id, 'tx_hash', tx_hash,
-			'block_number', block_number, 'reason', 'rescan')
-		FROM transfers WHERE network = $1 AND orphaned_at = $2 AND order_id IS NOT NULL`, network, now); err != nil {
-		return 0, fmt.Errorf("note orphaned transfers on timelines: %w", err)
-	}
-	if _, err := tx.ExecContext(ctx, `DELETE FROM chain_blocks WHERE network = $1 AND block_number > $2`, network, int64(to.Number)); err != nil {
-		return 0, fmt.Errorf("forget block hashes: %w", err)
-	}
-	if err := storeBlocks(ctx, tx, network, []Block{to}); err != nil {
 		return 0, err
 	}
-	oldCursor := int64(-1)
-	if old != nil {
-		oldCursor = *old
-	}
-	if _, err := tx.ExecContext(ctx, `INSERT INTO chain_reorgs (network, at, fork_block, old_cursor, orphaned_count)
-		VALUES ($1, $2, $3, $4, $5)`, network, now, int64(to.Number), oldCursor, n); err != nil {
-		return 0, fmt.Errorf("record rewind: %w", err)
-	}
-	if _, err := tx.ExecContext(ctx, `UPDATE chain_cursors SET block_number = $2, block_hash = $3, halted = false,
-		last_error = NULL, updated_at = $4 WHERE network = $1`, network, int64(to.Number), to.Hash, now); err != nil {
-		return 0, fmt.Errorf("rewind cursor: %w", err)
-	}
-	if err := tx.Commit(); err != nil {
-		return 0, fmt.Errorf("commit rewind: %w", err)
-	}
-	return int(n), nil
+	return orphaned, nil
 }

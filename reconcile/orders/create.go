@@ -15,6 +15,7 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/paywatch/paywatch"
+	"github.com/paywatch/paywatch/migrations/pg"
 )
 
 // CreateRequest is a validated request to open an order dossier.
@@ -65,7 +66,7 @@ func (s *Store) Create(ctx context.Context, req CreateRequest) (order *paywatch.
 	// or Idempotency-Key (its transaction, slot included, rolls back), so a
 	// new order costs no look-up.
 	id, err := s.insert(ctx, &req, hash)
-	if c := constraint(err); c == "orders_external_id_key" || c == "orders_idempotency_key" {
+	if c := pg.Constraint(err); c == "orders_external_id_key" || c == "orders_idempotency_key" {
 		// An earlier (or concurrent) request with the same identity.
 		o, err := s.replay(ctx, &req, hash)
 		if o == nil && err == nil {
@@ -125,7 +126,7 @@ func (s *Store) insert(ctx context.Context, req *CreateRequest, hash []byte) (st
 	expires := now.Add(req.ExpiresIn)
 	monitorUntil := expires.Add(s.MonitoringWindow)
 	a := req.Asset
-	err := Tx(ctx, s.db, func(tx *sqlx.Tx) error {
+	err := pg.Tx(ctx, s.db, func(tx *sqlx.Tx) error {
 		o := orderInsert{
 			ID: id, ExternalID: req.ExternalID, RequestHash: hash,
 			IdempotencyScope: nullString(req.IdempotencyScope), IdempotencyKey: nullString(req.IdempotencyKey),
@@ -162,12 +163,21 @@ func (s *Store) insert(ctx context.Context, req *CreateRequest, hash []byte) (st
 		default:
 			return fmt.Errorf("asset %s on %s has no receiving mode", a.Symbol, a.Network)
 		}
+		o.EarliestBlockTime = now.Add(-req.Network.Family.BlockTimeSlack())
+		// Only transfers in blocks above the height the network has reached
+		// can pay the order: what is recorded (the scanner's head and
+		// cursor, and any transfer a look-up recorded ahead of them). NULL
+		// when nothing is known yet; the scanner fills it in.
 		if _, err := tx.NamedExecContext(ctx, `INSERT INTO orders (id, external_id, request_hash, idempotency_scope,
 			idempotency_key, network, asset, asset_contract, amount, pay_amount, pay_address, unique_k,
-			derivation_key, derivation_index, status, metadata, created_at, expires_at, monitor_until, updated_at)
+			derivation_key, derivation_index, status, metadata, created_at, expires_at, monitor_until, updated_at,
+			created_height, earliest_block_time)
 			VALUES (:id, :external_id, :request_hash, :idempotency_scope, :idempotency_key, :network, :asset,
 			:asset_contract, :amount, :pay_amount, :pay_address, :unique_k, :derivation_key, :derivation_index,
-			:status, :metadata, :created_at, :expires_at, :monitor_until, :created_at)`, o); err != nil {
+			:status, :metadata, :created_at, :expires_at, :monitor_until, :created_at,
+			(SELECT greatest(c.head, c.block_number, (SELECT max(t.block_number) FROM transfers t WHERE t.network = c.network))
+				FROM chain_cursors c WHERE c.network = :network),
+			:earliest_block_time)`, o); err != nil {
 			return fmt.Errorf("insert order: %w", err)
 		}
 		if slot != nil {
@@ -202,6 +212,9 @@ type orderInsert struct {
 	CreatedAt        time.Time `db:"created_at"`
 	ExpiresAt        time.Time `db:"expires_at"`
 	MonitorUntil     time.Time `db:"monitor_until"`
+	// EarliestBlockTime bounds how old a block may look and still pay the
+	// order, when the recorded head lags.
+	EarliestBlockTime time.Time `db:"earliest_block_time"`
 }
 
 func nullString(s string) *string {
@@ -261,7 +274,10 @@ func freeSlot(ctx context.Context, tx *sqlx.Tx, a *paywatch.Asset, addr string, 
 	candidate := new(big.Int).Set(amount)
 	k := 0
 	for _, h := range held {
-		v := bigInt(h)
+		v, err := units(h, "held pay amount")
+		if err != nil {
+			return 0, err
+		}
 		if k < a.UniqueSlots && candidate.Cmp(v) < 0 {
 			return k, nil
 		}

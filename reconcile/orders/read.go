@@ -2,17 +2,15 @@ package orders
 
 import (
 	"context"
-	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"math/big"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/lib/pq"
 
 	"github.com/paywatch/paywatch"
+	"github.com/paywatch/paywatch/migrations/pg"
 )
 
 type orderRow struct {
@@ -39,12 +37,14 @@ const orderColumns = `id, external_id, network, asset, asset_contract, amount::t
 	pay_amount::text AS pay_amount, pay_address, status, dispute_reason, customer_marked_paid_at,
 	tx_hash_hint, metadata::text AS metadata, created_at, expires_at, monitor_until, settled_at`
 
-func bigInt(s string) *big.Int {
+// units reads a NUMERIC amount PostgreSQL gave as text. A value that does
+// not parse is an error, never a silent zero.
+func units(s, what string) (*big.Int, error) {
 	v, ok := new(big.Int).SetString(s, 10)
 	if !ok {
-		return new(big.Int)
+		return nil, fmt.Errorf("%s %q from the database is not an integer", what, s)
 	}
-	return v
+	return v, nil
 }
 
 func utcPtr(t *time.Time) *time.Time {
@@ -55,10 +55,18 @@ func utcPtr(t *time.Time) *time.Time {
 	return &u
 }
 
-func (r *orderRow) order() *paywatch.Order {
+func (r *orderRow) order() (*paywatch.Order, error) {
+	amount, err := units(r.Amount, "amount of order "+r.ID)
+	if err != nil {
+		return nil, err
+	}
+	pay, err := units(r.PayAmount, "pay amount of order "+r.ID)
+	if err != nil {
+		return nil, err
+	}
 	o := &paywatch.Order{
 		ID: r.ID, ExternalID: r.ExternalID, Network: r.Network, Asset: r.Asset, AssetContract: r.AssetContract,
-		Amount: bigInt(r.Amount), PayAmount: bigInt(r.PayAmount), PayAddress: r.PayAddress,
+		Amount: amount, PayAmount: pay, PayAddress: r.PayAddress,
 		Status: paywatch.Status(r.Status), CustomerMarkedPaidAt: utcPtr(r.CustomerMarkedPaidAt),
 		CreatedAt: r.CreatedAt.UTC(), ExpiresAt: r.ExpiresAt.UTC(), MonitorUntil: r.MonitorUntil.UTC(),
 		SettledAt: utcPtr(r.SettledAt), ReceivedAmount: new(big.Int), Transfers: []paywatch.Transfer{},
@@ -72,11 +80,14 @@ func (r *orderRow) order() *paywatch.Order {
 	if r.Metadata != nil {
 		o.Metadata = json.RawMessage(*r.Metadata)
 	}
-	return o
+	return o, nil
 }
 
 // Get returns one order with its matched transfers.
 func (s *Store) Get(ctx context.Context, id string) (*paywatch.Order, error) {
+	if !pg.ValidText(id) {
+		return nil, paywatch.Errorf(paywatch.CodeNotFound, "no order %.80q", id)
+	}
 	var rows []orderRow
 	if err := s.db.SelectContext(ctx, &rows, `SELECT `+orderColumns+` FROM orders WHERE id = $1`, id); err != nil {
 		return nil, fmt.Errorf("read order %s: %w", id, err)
@@ -84,11 +95,14 @@ func (s *Store) Get(ctx context.Context, id string) (*paywatch.Order, error) {
 	if len(rows) == 0 {
 		return nil, paywatch.Errorf(paywatch.CodeNotFound, "no order %q", id)
 	}
-	orders := []*paywatch.Order{rows[0].order()}
-	if err := s.attachTransfers(ctx, orders); err != nil {
+	o, err := rows[0].order()
+	if err != nil {
 		return nil, err
 	}
-	return orders[0], nil
+	if err := s.attachTransfers(ctx, []*paywatch.Order{o}); err != nil {
+		return nil, err
+	}
+	return o, nil
 }
 
 // Filter selects orders for List.
@@ -103,73 +117,36 @@ type Filter struct {
 // List returns orders newest first, and the cursor of the next page ("" at
 // the end).
 func (s *Store) List(ctx context.Context, f Filter) ([]*paywatch.Order, string, error) {
-	var where []string
-	var args []any
-	add := func(cond string, v any) {
-		args = append(args, v)
-		where = append(where, fmt.Sprintf(cond, len(args)))
-	}
+	p := pg.Page{From: `SELECT ` + orderColumns + ` FROM orders`, TimeCol: "created_at", IDCol: "id",
+		Limit: f.Limit, Cursor: f.Cursor}
 	if f.ExternalID != "" {
-		add("external_id = $%d", f.ExternalID)
+		p.Where("external_id = ?", f.ExternalID)
 	}
 	if f.Status != "" {
-		add("status = $%d", string(f.Status))
+		p.Where("status = ?", string(f.Status))
 	}
 	if f.Network != "" {
-		add("network = $%d", f.Network)
+		p.Where("network = ?", f.Network)
 	}
-	if f.Cursor != "" {
-		at, id, err := DecodeCursor(f.Cursor)
-		if err != nil {
-			return nil, "", err
-		}
-		args = append(args, at, id)
-		where = append(where, fmt.Sprintf("(created_at, id) < ($%d, $%d)", len(args)-1, len(args)))
+	q, args, err := p.SQL()
+	if err != nil {
+		return nil, "", err
 	}
-	q := `SELECT ` + orderColumns + ` FROM orders`
-	if len(where) > 0 {
-		q += " WHERE " + strings.Join(where, " AND ")
-	}
-	args = append(args, f.Limit+1)
-	q += fmt.Sprintf(" ORDER BY created_at DESC, id DESC LIMIT $%d", len(args))
 	var rows []orderRow
 	if err := s.db.SelectContext(ctx, &rows, q, args...); err != nil {
 		return nil, "", fmt.Errorf("list orders: %w", err)
 	}
-	next := ""
-	if len(rows) > f.Limit {
-		rows = rows[:f.Limit]
-		last := rows[len(rows)-1]
-		next = EncodeCursor(last.CreatedAt, last.ID)
-	}
+	rows, next := pg.Next(rows, f.Limit, func(r *orderRow) (time.Time, string) { return r.CreatedAt, r.ID })
 	orders := make([]*paywatch.Order, len(rows))
 	for i := range rows {
-		orders[i] = rows[i].order()
+		if orders[i], err = rows[i].order(); err != nil {
+			return nil, "", err
+		}
 	}
 	if err := s.attachTransfers(ctx, orders); err != nil {
 		return nil, "", err
 	}
 	return orders, next, nil
-}
-
-// EncodeCursor makes an opaque page cursor from the last item's sort key.
-func EncodeCursor(at time.Time, id string) string {
-	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(at.UnixMicro(), 10) + "|" + id))
-}
-
-// DecodeCursor reads a cursor made by EncodeCursor.
-func DecodeCursor(c string) (time.Time, string, error) {
-	bad := paywatch.Errorf(paywatch.CodeInvalidRequest, "cursor %q is not one this server gave out", c)
-	raw, err := base64.RawURLEncoding.DecodeString(c)
-	if err != nil {
-		return time.Time{}, "", bad
-	}
-	micros, id, ok := strings.Cut(string(raw), "|")
-	n, err := strconv.ParseInt(micros, 10, 64)
-	if !ok || err != nil || id == "" {
-		return time.Time{}, "", bad
-	}
-	return time.UnixMicro(n).UTC(), id, nil
 }
 
 type transferRow struct {
@@ -199,10 +176,14 @@ const TransferColumns = `t.id, t.order_id, t.network, t.asset, t.asset_contract,
 	CASE WHEN t.state = 'orphaned' OR c.head IS NULL OR c.head < t.block_number THEN 0
 	     ELSE c.head - t.block_number + 1 END AS confirmations`
 
-func (r *transferRow) transfer() paywatch.Transfer {
+func (r *transferRow) transfer() (paywatch.Transfer, error) {
+	amount, err := units(r.Amount, "amount of transfer "+r.ID)
+	if err != nil {
+		return paywatch.Transfer{}, err
+	}
 	t := paywatch.Transfer{
 		ID: r.ID, Network: r.Network, Asset: r.Asset, AssetContract: r.AssetContract, TxHash: r.TxHash,
-		Index: r.Index, From: r.From, To: r.To, Amount: bigInt(r.Amount), BlockNumber: r.BlockNumber,
+		Index: r.Index, From: r.From, To: r.To, Amount: amount, BlockNumber: r.BlockNumber,
 		BlockHash: r.BlockHash, Confirmations: r.Confirmations, State: paywatch.TransferState(r.State),
 		Flags: []string(r.Flags), FirstSeenAt: r.FirstSeenAt.UTC(),
 	}
@@ -212,7 +193,7 @@ func (r *transferRow) transfer() paywatch.Transfer {
 	if t.Flags == nil {
 		t.Flags = []string{}
 	}
-	return t
+	return t, nil
 }
 
 // attachTransfers loads the matched transfers of a page of orders in one
@@ -234,7 +215,10 @@ func (s *Store) attachTransfers(ctx context.Context, orders []*paywatch.Order) e
 		return fmt.Errorf("read transfers of orders: %w", err)
 	}
 	for i := range rows {
-		t := rows[i].transfer()
+		t, err := rows[i].transfer()
+		if err != nil {
+			return err
+		}
 		o := byID[t.OrderID]
 		o.Transfers = append(o.Transfers, t)
 		if t.State != paywatch.TransferOrphaned {
@@ -256,61 +240,47 @@ type TransferFilter struct {
 
 // ListTransfers returns transfers newest first, and the next page's cursor.
 func (s *Store) ListTransfers(ctx context.Context, f TransferFilter) ([]paywatch.Transfer, string, error) {
-	var where []string
-	var args []any
-	add := func(cond string, v any) {
-		args = append(args, v)
-		where = append(where, fmt.Sprintf(cond, len(args)))
-	}
+	p := pg.Page{From: `SELECT ` + TransferColumns + ` FROM transfers t LEFT JOIN chain_cursors c ON c.network = t.network`,
+		TimeCol: "t.first_seen_at", IDCol: "t.id", Limit: f.Limit, Cursor: f.Cursor}
 	if f.Matched != nil {
 		if *f.Matched {
-			where = append(where, "t.order_id IS NOT NULL")
+			p.Where("t.order_id IS NOT NULL")
 		} else {
-			where = append(where, "t.order_id IS NULL")
+			p.Where("t.order_id IS NULL")
 		}
 	}
 	if f.State != "" {
-		add("t.state = $%d", string(f.State))
+		p.Where("t.state = ?", string(f.State))
 	}
 	if f.Network != "" {
-		add("t.network = $%d", f.Network)
+		p.Where("t.network = ?", f.Network)
 	}
 	if f.Asset != "" {
-		add("t.asset = $%d", f.Asset)
+		p.Where("t.asset = ?", f.Asset)
 	}
-	if f.Cursor != "" {
-		at, id, err := DecodeCursor(f.Cursor)
-		if err != nil {
-			return nil, "", err
-		}
-		args = append(args, at, id)
-		where = append(where, fmt.Sprintf("(t.first_seen_at, t.id) < ($%d, $%d)", len(args)-1, len(args)))
+	q, args, err := p.SQL()
+	if err != nil {
+		return nil, "", err
 	}
-	q := `SELECT ` + TransferColumns + ` FROM transfers t LEFT JOIN chain_cursors c ON c.network = t.network`
-	if len(where) > 0 {
-		q += " WHERE " + strings.Join(where, " AND ")
-	}
-	args = append(args, f.Limit+1)
-	q += fmt.Sprintf(" ORDER BY t.first_seen_at DESC, t.id DESC LIMIT $%d", len(args))
 	var rows []transferRow
 	if err := s.db.SelectContext(ctx, &rows, q, args...); err != nil {
 		return nil, "", fmt.Errorf("list transfers: %w", err)
 	}
-	next := ""
-	if len(rows) > f.Limit {
-		rows = rows[:f.Limit]
-		last := rows[len(rows)-1]
-		next = EncodeCursor(last.FirstSeenAt, last.ID)
-	}
+	rows, next := pg.Next(rows, f.Limit, func(r *transferRow) (time.Time, string) { return r.FirstSeenAt, r.ID })
 	out := make([]paywatch.Transfer, len(rows))
 	for i := range rows {
-		out[i] = rows[i].transfer()
+		if out[i], err = rows[i].transfer(); err != nil {
+			return nil, "", err
+		}
 	}
 	return out, next, nil
 }
 
 // GetTransfer returns one transfer.
 func (s *Store) GetTransfer(ctx context.Context, id string) (*paywatch.Transfer, error) {
+	if !pg.ValidText(id) {
+		return nil, paywatch.Errorf(paywatch.CodeNotFound, "no transfer %.80q", id)
+	}
 	var rows []transferRow
 	if err := s.db.SelectContext(ctx, &rows, `SELECT `+TransferColumns+`
 		FROM transfers t LEFT JOIN chain_cursors c ON c.network = t.network WHERE t.id = $1`, id); err != nil {
@@ -319,7 +289,10 @@ func (s *Store) GetTransfer(ctx context.Context, id string) (*paywatch.Transfer,
 	if len(rows) == 0 {
 		return nil, paywatch.Errorf(paywatch.CodeNotFound, "no transfer %q", id)
 	}
-	t := rows[0].transfer()
+	t, err := rows[0].transfer()
+	if err != nil {
+		return nil, err
+	}
 	return &t, nil
 }
 

@@ -5,13 +5,9 @@
 package orders
 
 import (
-	"context"
-	"errors"
-	"fmt"
 	"time"
 
 	"github.com/jmoiron/sqlx"
-	"github.com/lib/pq"
 )
 
 // AddressBook derives the receiving address at an index below an extended
@@ -39,29 +35,3 @@ func NewStore(db *sqlx.DB, monitoringWindow time.Duration, addresses AddressBook
 
 // now returns the clock's time in the precision PostgreSQL keeps.
 func (s *Store) now() time.Time { return s.Now().UTC().Truncate(time.Microsecond) }
-
-// Tx runs fn in a transaction: committed when fn returns nil, rolled back
-// otherwise.
-func Tx(ctx context.Context, db *sqlx.DB, fn func(tx *sqlx.Tx) error) error {
-	tx, err := db.BeginTxx(ctx, nil)
-	if err != nil {
-		return fmt.Errorf("begin: %w", err)
-	}
-	defer tx.Rollback()
-	if err := fn(tx); err != nil {
-		return err
-	}
-	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("commit: %w", err)
-	}
-	return nil
-}
-
-// constraint returns the name of the constraint a PostgreSQL error broke.
-func constraint(err error) string {
-	var pqErr *pq.Error
-	if errors.As(err, &pqErr) && pqErr.Code == "23505" {
-		return pqErr.Constraint
-	}
-	return ""
-}

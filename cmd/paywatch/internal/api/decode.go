@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 
 	"github.com/paywatch/paywatch"
@@ -34,6 +35,11 @@ func decodeBody(w http.ResponseWriter, r *http.Request, dst any, optional bool) 
 }
 
 func decodeJSON(data []byte, dst any) error {
+	if bytes.Contains(data, []byte(`\u0000`)) {
+		if field := nulField(data); field != "" {
+			return paywatch.Errorf(paywatch.CodeInvalidRequest, "%s must not hold NUL characters (\\u0000)", field)
+		}
+	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(dst); err != nil {
@@ -43,6 +49,46 @@ func decodeJSON(data []byte, dst any) error {
 		return paywatch.Errorf(paywatch.CodeInvalidRequest, "request body must hold one JSON object and nothing after it")
 	}
 	return nil
+}
+
+// nulField returns where a JSON document holds a NUL character in a key or
+// a string ("" where it holds none): PostgreSQL cannot store one in text or
+// JSONB.
+func nulField(data []byte) string {
+	var v any
+	if json.Unmarshal(data, &v) != nil {
+		return "" // the decoder reports what is wrong
+	}
+	var walk func(path string, v any) string
+	walk = func(path string, v any) string {
+		switch v := v.(type) {
+		case string:
+			if strings.ContainsRune(v, 0) {
+				return path
+			}
+		case []any:
+			for i, e := range v {
+				if p := walk(fmt.Sprintf("%s[%d]", path, i), e); p != "" {
+					return p
+				}
+			}
+		case map[string]any:
+			for k, e := range v {
+				p := k
+				if path != "" {
+					p = path + "." + k
+				}
+				if strings.ContainsRune(k, 0) {
+					return strconv.Quote(p)
+				}
+				if p := walk(p, e); p != "" {
+					return p
+				}
+			}
+		}
+		return ""
+	}
+	return walk("", v)
 }
 
 func jsonError(err error) error {

@@ -1,6 +1,7 @@
 package api_test
 
 import (
+	"encoding/base64"
 	"net/http"
 	"strings"
 	"testing"
@@ -88,6 +89,24 @@ func TestErrorResponses(t *testing.T) {
 		{"resolve by a storefront", "POST", "/v1/orders/" + existing.ID + "/resolve", storefrontKey, `{"outcome":"settled","note":"x"}`, nil, 403, "forbidden", ""},
 		{"balances by a storefront", "GET", "/v1/ledger/balances", storefrontKey, "", nil, 403, "forbidden", ""},
 		{"balances unknown parameter", "GET", "/v1/ledger/balances?prefix=x", operatorKey, "", nil, 400, "invalid_request", "unknown query parameter"},
+		{"id with invalid UTF-8", "GET", "/v1/orders/%ff", storefrontKey, "", nil, 404, "not_found", ""},
+		{"id with a NUL byte", "GET", "/v1/orders/%00", storefrontKey, "", nil, 404, "not_found", ""},
+		{"paid on an id with invalid UTF-8", "POST", "/v1/orders/ord_%ff/paid", storefrontKey, "", nil, 404, "not_found", ""},
+		{"cancel an id with a NUL byte", "POST", "/v1/orders/ord_%00/cancel", storefrontKey, "", nil, 404, "not_found", ""},
+		{"timeline of an id with a NUL byte", "GET", "/v1/orders/%00/events", operatorKey, "", nil, 404, "not_found", ""},
+		{"transfer id with invalid UTF-8", "GET", "/v1/transfers/trf_%c3%28", operatorKey, "", nil, 404, "not_found", ""},
+		{"attach a transfer id with a NUL byte", "POST", "/v1/transfers/trf_%00/attach", operatorKey, `{"order_id":"` + existing.ID + `","note":"n"}`, nil, 404, "not_found", ""},
+		{"attach to an order id with a NUL byte", "POST", "/v1/transfers/trf_x/attach", operatorKey, `{"order_id":"ord_\u0000","note":"n"}`, nil, 400, "invalid_request", "NUL"},
+		{"resolve an id with invalid UTF-8", "POST", "/v1/orders/%ff/resolve", operatorKey, `{"outcome":"settled","note":"x"}`, nil, 404, "not_found", ""},
+		{"resolve with a NUL in the note", "POST", "/v1/orders/" + existing.ID + "/resolve", operatorKey, `{"outcome":"settled","note":"a\u0000b"}`, nil, 400, "invalid_request", "NUL"},
+		{"metadata with a NUL", "POST", "/v1/orders", storefrontKey, `{"external_id":"x","network":"ethereum","asset":"USDT","amount":"1","metadata":{"plan":"a\u0000"}}`, nil, 400, "invalid_request", "metadata.plan"},
+		{"cursor with invalid UTF-8", "GET", "/v1/orders?cursor=" + badCursor("\xff"), storefrontKey, "", nil, 400, "invalid_request", "cursor"},
+		{"cursor with a NUL byte", "GET", "/v1/transfers?cursor=" + badCursor("\x00"), operatorKey, "", nil, 400, "invalid_request", "cursor"},
+		{"external_id filter with invalid UTF-8", "GET", "/v1/orders?external_id=%ff", storefrontKey, "", nil, 400, "invalid_request", "external_id"},
+		{"asset filter with a NUL byte", "GET", "/v1/transfers?asset=%00", operatorKey, "", nil, 400, "invalid_request", "asset"},
+		{"expiry overflowing a duration", "POST", "/v1/orders", storefrontKey, `{"external_id":"x","network":"ethereum","asset":"USDT","amount":"1","expires_in_seconds":9223372037}`, nil, 400, "invalid_request", "expires_in_seconds"},
+		{"expiry of the largest integer", "POST", "/v1/orders", storefrontKey, `{"external_id":"x","network":"ethereum","asset":"USDT","amount":"1","expires_in_seconds":9223372036854775807}`, nil, 400, "invalid_request", "expires_in_seconds"},
+		{"negative expiry", "POST", "/v1/orders", storefrontKey, `{"external_id":"x","network":"ethereum","asset":"USDT","amount":"1","expires_in_seconds":-9223372036854775808}`, nil, 400, "invalid_request", "expires_in_seconds"},
 		{"unknown endpoint", "GET", "/v2/orders", storefrontKey, "", nil, 404, "not_found", ""},
 		{"wrong method", "PUT", "/v1/orders/" + existing.ID, storefrontKey, "", nil, 405, "invalid_request", "not allowed"},
 	}
@@ -118,6 +137,11 @@ func TestErrorResponses(t *testing.T) {
 			}
 		})
 	}
+}
+
+// badCursor is a well-formed cursor whose id holds raw bytes.
+func badCursor(raw string) string {
+	return base64.RawURLEncoding.EncodeToString([]byte("1700000000000000|ord_" + raw))
 }
 
 // A failing database answers 500 internal without leaking details.

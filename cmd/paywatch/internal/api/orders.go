@@ -15,6 +15,7 @@ import (
 	"github.com/paywatch/paywatch/chains/bitcoin"
 	"github.com/paywatch/paywatch/chains/evm"
 	"github.com/paywatch/paywatch/cmd/paywatch/internal/config"
+	"github.com/paywatch/paywatch/migrations/pg"
 	"github.com/paywatch/paywatch/reconcile/orders"
 )
 
@@ -108,11 +109,13 @@ func (s *Server) createRequest(b *createOrderRequest) (orders.CreateRequest, err
 	}
 	expiresIn := s.cfg.Orders.DefaultExpiry
 	if b.ExpiresInSeconds != nil {
-		expiresIn = time.Duration(*b.ExpiresInSeconds) * time.Second
-		if *b.ExpiresInSeconds < int64(minExpiry/time.Second) || expiresIn > s.cfg.Orders.MaxExpiry {
-			return req, paywatch.Errorf(paywatch.CodeInvalidRequest, "expires_in_seconds must be between %d and %d",
-				int64(minExpiry/time.Second), int64(s.cfg.Orders.MaxExpiry/time.Second))
+		// Compared in seconds before any conversion: a huge value must not
+		// overflow a duration into something that looks valid.
+		lo, hi := int64(minExpiry/time.Second), int64(s.cfg.Orders.MaxExpiry/time.Second)
+		if *b.ExpiresInSeconds < lo || *b.ExpiresInSeconds > hi {
+			return req, paywatch.Errorf(paywatch.CodeInvalidRequest, "expires_in_seconds must be between %d and %d", lo, hi)
 		}
+		expiresIn = time.Duration(*b.ExpiresInSeconds) * time.Second
 	}
 	meta := bytes.TrimSpace(b.Metadata)
 	if len(meta) > 0 && !bytes.Equal(meta, []byte("null")) {
@@ -156,6 +159,9 @@ func query(r *http.Request, known ...string) (url.Values, int, error) {
 		}
 		if len(v) > 1 {
 			return nil, 0, paywatch.Errorf(paywatch.CodeInvalidRequest, "query parameter %s is given more than once", k)
+		}
+		if !pg.ValidText(v[0]) {
+			return nil, 0, paywatch.Errorf(paywatch.CodeInvalidRequest, "query parameter %s must be UTF-8 text without NUL bytes", k)
 		}
 	}
 	limit := 50

@@ -1,0 +1,131 @@
+// Package pg holds the PostgreSQL plumbing paywatch's stores share:
+// transactions, keyset-paginated lists, text PostgreSQL accepts, and the
+// names of violated constraints.
+package pg
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/lib/pq"
+
+	"github.com/paywatch/paywatch"
+)
+
+// NotifyChannel is the channel on which changes that the reconciler should
+// look at without waiting for its schedule are announced: a scanner's
+// commit (the payload is the network's name) or a customer's tx hash claim.
+const NotifyChannel = "paywatch_chain"
+
+// Tx runs fn in a transaction: committed when fn returns nil, rolled back
+// otherwise.
+func Tx(ctx context.Context, db *sqlx.DB, fn func(tx *sqlx.Tx) error) error {
+	tx, err := db.BeginTxx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("begin: %w", err)
+	}
+	defer tx.Rollback()
+	if err := fn(tx); err != nil {
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("commit: %w", err)
+	}
+	return nil
+}
+
+// Constraint returns the name of the unique constraint a PostgreSQL error
+// broke, or "".
+func Constraint(err error) string {
+	var pqErr *pq.Error
+	if errors.As(err, &pqErr) && pqErr.Code == "23505" {
+		return pqErr.Constraint
+	}
+	return ""
+}
+
+// ValidText reports whether PostgreSQL can store s as text: valid UTF-8
+// without NUL bytes. Identifiers and filters from outside are checked with
+// it before they reach a query, which would otherwise fail.
+func ValidText(s string) bool {
+	return utf8.ValidString(s) && !strings.ContainsRune(s, 0)
+}
+
+// EncodeCursor makes an opaque page cursor from the last item's sort key.
+func EncodeCursor(at time.Time, id string) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(at.UnixMicro(), 10) + "|" + id))
+}
+
+// DecodeCursor reads a cursor made by EncodeCursor.
+func DecodeCursor(c string) (time.Time, string, error) {
+	bad := paywatch.Errorf(paywatch.CodeInvalidRequest, "cursor %.40q is not one this server gave out", c)
+	raw, err := base64.RawURLEncoding.DecodeString(c)
+	if err != nil {
+		return time.Time{}, "", bad
+	}
+	micros, id, ok := strings.Cut(string(raw), "|")
+	n, err := strconv.ParseInt(micros, 10, 64)
+	if !ok || err != nil || id == "" || !ValidText(id) {
+		return time.Time{}, "", bad
+	}
+	return time.UnixMicro(n).UTC(), id, nil
+}
+
+// Page builds a list query, newest first by (time column, id), one page at
+// a time from an opaque cursor.
+type Page struct {
+	// From is the query up to its WHERE clause ("SELECT … FROM …").
+	From string
+	// TimeCol and IDCol are the sort key's columns.
+	TimeCol, IDCol string
+	Limit          int
+	Cursor         string
+	where          []string
+	args           []any
+}
+
+// Where adds a condition; each "?" in it is replaced by a parameter
+// holding the next of args.
+func (p *Page) Where(cond string, args ...any) {
+	for _, a := range args {
+		p.args = append(p.args, a)
+		cond = strings.Replace(cond, "?", "$"+strconv.Itoa(len(p.args)), 1)
+	}
+	p.where = append(p.where, cond)
+}
+
+// SQL returns the query and its parameters. It reads one row more than
+// Limit, so that Next can tell whether a next page exists.
+func (p *Page) SQL() (string, []any, error) {
+	if p.Cursor != "" {
+		at, id, err := DecodeCursor(p.Cursor)
+		if err != nil {
+			return "", nil, err
+		}
+		p.Where("("+p.TimeCol+", "+p.IDCol+") < (?, ?)", at, id)
+	}
+	q := p.From
+	if len(p.where) > 0 {
+		q += " WHERE " + strings.Join(p.where, " AND ")
+	}
+	args := append(p.args, p.Limit+1)
+	q += fmt.Sprintf(" ORDER BY %s DESC, %s DESC LIMIT $%d", p.TimeCol, p.IDCol, len(args))
+	return q, args, nil
+}
+
+// Next trims rows read by a Page's query to its limit and returns the
+// cursor of the next page ("" on the last).
+func Next[T any](rows []T, limit int, key func(*T) (time.Time, string)) ([]T, string) {
+	if len(rows) <= limit {
+		return rows, ""
+	}
+	rows = rows[:limit]
+	return rows, EncodeCursor(key(&rows[len(rows)-1]))
+}

@@ -1,0 +1,99 @@
+package reconcile
+
+import "strings"
+
+// A transfer t can pay an order o only when every one of these holds. The
+// matching statements, the check of customers' tx hash claims and the
+// invariant check all build their SQL from this one list, and a rejected
+// claim says which condition failed (why).
+//
+// The height bound is one a customer cannot game: created_height is the
+// height the network had reached, as far as paywatch had recorded it, when
+// the order was created, so a transfer mined before the order existed
+// never pays it (a victim's short payment waiting in the inbox cannot be
+// claimed by creating an order for exactly that amount). Block timestamps
+// are not that bound (Bitcoin's can be hours off); earliest_block_time only
+// narrows the case of a head recorded late.
+var eligibility = []rule{
+	{ruleAsset, "it paid another network or asset",
+		`{t}.network = {o}.network AND {t}.asset = {o}.asset AND {t}.asset_contract = {o}.asset_contract`},
+	{ruleAddress, "it paid another address", `{t}.to_address = {o}.pay_address`},
+	{ruleLive, "its block was replaced by a reorg", `{t}.state <> 'orphaned'`},
+	// dust, balance_mismatch (the fake deposit guard), ambiguous and any
+	// flag paywatch does not know never pay; balance_unchecked (a pruned
+	// node could not check) does.
+	{ruleFlags, "it is flagged", `{t}.flags <@ ARRAY['balance_unchecked']::text[]`},
+	{ruleAfterCreation, "it was mined before the order was created",
+		`{o}.created_height IS NOT NULL AND {t}.block_number > {o}.created_height
+		AND ({t}.block_time IS NULL OR {t}.block_time >= {o}.earliest_block_time)`},
+	{ruleInWindow, "it was mined after the order's monitoring window ended",
+		`coalesce({t}.block_time, {t}.first_seen_at) <= {o}.monitor_until`},
+}
+
+// rule is one condition of eligibility: its SQL with {t} and {o} standing
+// for the transfer's and the order's aliases, and why a transfer failing
+// it cannot pay the order.
+type rule struct{ name, why, cond string }
+
+// The rules' names.
+const (
+	ruleAsset         = "asset"
+	ruleAddress       = "address"
+	ruleLive          = "live"
+	ruleFlags         = "flags"
+	ruleAfterCreation = "after_creation"
+	ruleInWindow      = "in_window"
+)
+
+// reasonOf returns why a transfer failing the rule called name cannot pay.
+func reasonOf(name string) string {
+	for _, r := range eligibility {
+		if r.name == name {
+			return r.why
+		}
+	}
+	panic("reconcile: no eligibility rule " + name)
+}
+
+// eligible is the SQL condition that transfer alias t can pay order alias o.
+func eligible(t, o string) string {
+	conds := make([]string, len(eligibility))
+	for i, e := range eligibility {
+		conds[i] = "(" + aliases(e.cond, t, o) + ")"
+	}
+	return strings.Join(conds, " AND ")
+}
+
+func aliases(cond, t, o string) string {
+	return strings.NewReplacer("{t}", t, "{o}", o).Replace(cond)
+}
+
+// openStatuses are the statuses in which an order takes payments.
+const openStatuses = `('awaiting_payment', 'confirming', 'expired', 'disputed')`
+
+// candidates pairs unmatched transfers (t) with the orders (o) they may
+// pay: eligible, on an open order, and either exactly its pay amount on a
+// shared address or any amount to its own address. $2 bounds how far back
+// (first seen) transfers are considered. The two receiving modes are joined
+// apart so that each join is on equalities.
+var candidates = `
+	FROM (
+		SELECT t.id AS tid, o.id AS oid, 'amount' AS kind FROM transfers t
+		JOIN orders o ON o.network = t.network AND o.asset = t.asset AND o.asset_contract = t.asset_contract
+			AND o.pay_address = t.to_address AND o.pay_amount = t.amount AND o.unique_k IS NOT NULL
+		WHERE t.order_id IS NULL AND t.first_seen_at >= $2 AND o.status IN ` + openStatuses + ` AND ` + eligible("t", "o") + `
+		UNION ALL
+		SELECT t.id, o.id, 'address' FROM transfers t
+		JOIN orders o ON o.network = t.network AND o.asset = t.asset AND o.asset_contract = t.asset_contract
+			AND o.pay_address = t.to_address AND o.unique_k IS NULL
+		WHERE t.order_id IS NULL AND t.first_seen_at >= $2 AND o.status IN ` + openStatuses + ` AND ` + eligible("t", "o") + `
+	) pairs`
+
+// exactElsewhere is the SQL condition that transfer t is exactly the pay
+// amount of an open order other than o that it could pay: an exact match
+// always wins over a customer's claim.
+func exactElsewhere(t, o string) string {
+	return `EXISTS (SELECT 1 FROM orders o2 WHERE o2.id <> ` + o + `.id AND o2.network = ` + t + `.network
+		AND o2.asset = ` + t + `.asset AND o2.pay_address = ` + t + `.to_address AND o2.pay_amount = ` + t + `.amount
+		AND o2.unique_k IS NOT NULL AND o2.status IN ` + openStatuses + ` AND ` + eligible(t, "o2") + `)`
+}

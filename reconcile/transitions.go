@@ -1,0 +1,196 @@
+package reconcile
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/big"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/lib/pq"
+
+	"github.com/paywatch/paywatch"
+	"github.com/paywatch/paywatch/ledger"
+	"github.com/paywatch/paywatch/migrations/pg"
+	"github.com/paywatch/paywatch/reconcile/orders"
+)
+
+// factsRow is one candidate of transitionCandidates.
+type factsRow struct {
+	ID        string     `db:"id"`
+	OrderID   *string    `db:"oid"` // nil when another transaction held the order
+	Status    *string    `db:"status"`
+	Reason    *string    `db:"dispute_reason"`
+	PayAmount *string    `db:"pay_amount"`
+	Accepted  *string    `db:"accepted_amount"`
+	Shared    *bool      `db:"shared"`
+	ExpiresAt *time.Time `db:"expires_at"`
+	MarkedAt  *time.Time `db:"customer_marked_paid_at"`
+	Network   *string    `db:"network"`
+	Asset     *string    `db:"asset"`
+	Live      int        `db:"live"`
+	Unconf    int        `db:"unconfirmed"`
+	Orphaned  int        `db:"orphaned"`
+	Received  string     `db:"received"`
+	Late      bool       `db:"late"`
+}
+
+func (f *factsRow) facts(now time.Time, grace time.Duration) (paywatch.Facts, error) {
+	pay, ok := new(big.Int).SetString(*f.PayAmount, 10)
+	received, ok2 := new(big.Int).SetString(f.Received, 10)
+	if !ok || !ok2 {
+		return paywatch.Facts{}, fmt.Errorf("order %s: amounts %q and %q are not integers", f.ID, *f.PayAmount, f.Received)
+	}
+	facts := paywatch.Facts{Status: paywatch.Status(*f.Status), Shared: *f.Shared, PayAmount: pay,
+		ExpiresAt: *f.ExpiresAt, MarkedPaidAt: f.MarkedAt, PaidGrace: grace, Now: now,
+		Live: f.Live, Unconfirmed: f.Unconf, Orphaned: f.Orphaned, Received: received, Late: f.Late}
+	if f.Reason != nil {
+		facts.Reason = paywatch.Reason(*f.Reason)
+	}
+	if f.Accepted != nil {
+		a, ok := new(big.Int).SetString(*f.Accepted, 10)
+		if !ok {
+			return paywatch.Facts{}, fmt.Errorf("order %s: accepted amount %q is not an integer", f.ID, *f.Accepted)
+		}
+		facts.Accepted = a
+	}
+	return facts, nil
+}
+
+// transitions decides the candidates in batches of r.Batch, walking them by
+// id, and applies each batch in one transaction: status changes with their
+// events and webhooks, settlements and their reversals, refund adjustments.
+func (r *Reconciler) transitions(ctx context.Context, now time.Time) (int64, error) {
+	var total int64
+	after := ""
+	for {
+		var n int64
+		var rows []factsRow
+		err := pg.Tx(ctx, r.db, func(tx *sqlx.Tx) error {
+			rows = rows[:0]
+			if err := tx.SelectContext(ctx, &rows, transitionCandidates, now, r.PaidGrace.Seconds(), after, r.Batch); err != nil {
+				return fmt.Errorf("read candidates: %w", err)
+			}
+			var err error
+			n, err = r.decide(ctx, tx, now, rows)
+			return err
+		})
+		if err != nil {
+			return total, fmt.Errorf("move orders: %w", err)
+		}
+		total += n
+		if len(rows) < r.Batch {
+			return total, nil
+		}
+		after = rows[len(rows)-1].ID
+	}
+}
+
+// decide applies paywatch.Decide to locked candidates inside tx.
+func (r *Reconciler) decide(ctx context.Context, tx *sqlx.Tx, now time.Time, rows []factsRow) (int64, error) {
+	var ids, from, to, reasons, causes []string
+	var settle []ledger.OrderAmount
+	var unsettle, refunded []string
+	for i := range rows {
+		row := &rows[i]
+		if row.OrderID == nil {
+			continue // held by another transaction; its review waits
+		}
+		f, err := row.facts(now, r.PaidGrace)
+		if err != nil {
+			return 0, err
+		}
+		if f.Status == paywatch.StatusRefunded {
+			refunded = append(refunded, row.ID)
+			continue
+		}
+		status, reason := paywatch.Decide(f)
+		if status == f.Status && reason == f.Reason {
+			continue
+		}
+		if !paywatch.CanMove(f.Status, status, reason, paywatch.ActorReconciler) {
+			return 0, fmt.Errorf("order %s: decided %s/%s → %s/%s, which the lifecycle does not allow",
+				row.ID, f.Status, f.Reason, status, reason)
+		}
+		cause := ""
+		if f.Status == paywatch.StatusSettled {
+			cause = "reorg"
+			unsettle = append(unsettle, row.ID)
+		}
+		if status == paywatch.StatusSettled {
+			settle = append(settle, ledger.OrderAmount{OrderID: row.ID, Network: *row.Network, Asset: *row.Asset, Amount: f.Received})
+		}
+		ids, from, to = append(ids, row.ID), append(from, string(f.Status)), append(to, string(status))
+		reasons, causes = append(reasons, string(reason)), append(causes, cause)
+	}
+	var moved int64
+	if len(ids) > 0 {
+		if err := tx.GetContext(ctx, &moved, applyTransitions, now, pq.Array(ids), pq.Array(from), pq.Array(to),
+			pq.Array(reasons), pq.Array(causes)); err != nil {
+			return 0, fmt.Errorf("apply transitions: %w", err)
+		}
+		if moved != int64(len(ids)) {
+			return 0, fmt.Errorf("applied %d of %d transitions of locked orders", moved, len(ids))
+		}
+	}
+	// Settling moves what the order's account holds to revenue: the
+	// payments counted are only those already attributed in the ledger.
+	if err := ledger.Unsettle(ctx, tx, now, unsettle); err != nil {
+		return 0, err
+	}
+	if err := ledger.Settle(ctx, tx, now, settle); err != nil {
+		return 0, err
+	}
+	for _, id := range refunded {
+		if err := adjustRefund(ctx, tx, now, id); err != nil {
+			return 0, err
+		}
+	}
+	return moved, nil
+}
+
+// adjustRefund keeps what is owed back for a refunded order equal to the
+// payments that arrived: a reorg that takes one away takes its refund with
+// it, one that gives it back owes it again.
+func adjustRefund(ctx context.Context, tx *sqlx.Tx, now time.Time, orderID string) error {
+	moved, err := ledger.Sweep(ctx, tx, now, orderID, ledger.KindRefundAdjustment,
+		orderID+"@"+now.Format("20060102150405.000000"), ledger.RefundsOwed)
+	if err != nil || len(moved) == 0 {
+		return err
+	}
+	detail := map[string]string{}
+	for _, b := range moved {
+		detail["owed_change_units:"+b.Network+":"+b.Asset] = b.Amount.String()
+	}
+	return orders.AppendEvent(ctx, tx, orderID, now, orders.EventRefundAdjusted, "", "", "reconciler", detail)
+}
+
+// CheckDecisions reports every order whose status is not what
+// paywatch.Decide says of its facts now: a pass has yet to run, or a change
+// to its payments was missed. Tests and the simulation run it right after a
+// pass, where it must find nothing.
+func (r *Reconciler) CheckDecisions(ctx context.Context) error {
+	now := r.now()
+	var errs []error
+	for after := ""; ; {
+		var rows []factsRow
+		if err := r.db.SelectContext(ctx, &rows, allFacts, after, 5000); err != nil {
+			return fmt.Errorf("read facts: %w", err)
+		}
+		for i := range rows {
+			f, err := rows[i].facts(now, r.PaidGrace)
+			if err != nil {
+				return err
+			}
+			if s, reason := paywatch.Decide(f); s != f.Status || reason != f.Reason {
+				errs = append(errs, fmt.Errorf("order %s is %s/%s; its payments call for %s/%s (%d live, %d waiting, %d orphaned, %s received)",
+					rows[i].ID, f.Status, f.Reason, s, reason, f.Live, f.Unconfirmed, f.Orphaned, f.Received))
+			}
+		}
+		if len(rows) < 5000 {
+			return errors.Join(errs...)
+		}
+		after = rows[len(rows)-1].ID
+	}
+}
