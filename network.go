@@ -61,7 +61,7 @@ func (n *Network) Asset(symbol string) *Asset {
 // AddressMode tells how an asset's receiving addresses are chosen.
 type AddressMode string
 
-// The two receiving modes of DESIGN.md.
+// The two receiving modes.
 const (
 	// ModeShared: several open orders pay to one of a few static addresses
 	// and are told apart by a unique pay_amount.

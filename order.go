@@ -9,7 +9,7 @@ import (
 // Status is where an order dossier stands in its lifecycle.
 type Status string
 
-// The order statuses of DESIGN.md.
+// The order statuses; paywatch.Lifecycle says how they follow each other.
 const (
 	StatusAwaitingPayment Status = "awaiting_payment"
 	StatusConfirming      Status = "confirming"
@@ -42,7 +42,7 @@ func (s Status) Terminal() bool {
 // Reason explains why an order is disputed.
 type Reason string
 
-// The dispute reasons of DESIGN.md.
+// The dispute reasons.
 const (
 	ReasonUnderpaid        Reason = "underpaid"
 	ReasonOverpaid         Reason = "overpaid"
@@ -92,7 +92,7 @@ type Event struct {
 // TransferState is where a transfer stands on chain.
 type TransferState string
 
-// The transfer states of DESIGN.md.
+// The transfer states.
 const (
 	TransferSeen      TransferState = "seen"
 	TransferConfirmed TransferState = "confirmed"

@@ -7,7 +7,7 @@ import (
 	"github.com/paywatch/paywatch/reconcile"
 )
 
-// checkCommand verifies DESIGN.md's invariants over the database and exits
+// checkCommand verifies the invariants (reconcile.Invariants) over the database and exits
 // non-zero, listing every violation, when one does not hold.
 func checkCommand(ctx context.Context, e *env, args []string) error {
 	_, db, err := openConfigured(ctx, e, "check", args, nil)

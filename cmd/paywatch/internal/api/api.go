@@ -1,4 +1,4 @@
-// Package api serves paywatch's HTTP API (API.md): the storefront's order
+// Package api serves paywatch's HTTP API (README "HTTP API"): the storefront's order
 // endpoints and the operators' views, behind bearer keys with roles.
 package api
 
