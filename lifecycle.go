@@ -119,7 +119,8 @@ type Facts struct {
 	Now          time.Time
 	// Matched transfers: Live are those not orphaned, Unconfirmed the live
 	// ones that do not count yet (below their confirmations, provisional,
-	// or not yet in the ledger), Orphaned those a reorg took away.
+	// or not yet in the ledger), Orphaned those a reorg took away (for
+	// reports: an order decides on what it still has).
 	Live, Unconfirmed, Orphaned int
 	// Received sums the live transfers.
 	Received *big.Int
@@ -152,8 +153,9 @@ func Decide(f Facts) (Status, Reason) {
 	acceptedNothing := f.Accepted != nil && f.Accepted.Sign() == 0
 	if f.Live == 0 && !acceptedNothing {
 		switch {
-		case f.Orphaned > 0 && (f.Status == StatusConfirming || f.Status == StatusSettled ||
-			(f.Status == StatusDisputed && f.Reason.AboutMoney())):
+		case f.Status == StatusConfirming || f.Status == StatusSettled || (f.Status == StatusDisputed && f.Reason.AboutMoney()):
+			// It had payments, and a reorg took them all away (orphaned,
+			// or mined again where they cannot pay it).
 			return StatusDisputed, ReasonOrphanedPayment
 		case f.Status == StatusAwaitingPayment && f.MarkedPaidAt != nil && !f.Now.Before(f.MarkedPaidAt.Add(f.PaidGrace)):
 			return StatusDisputed, ReasonNoPaymentFound

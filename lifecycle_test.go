@@ -136,6 +136,7 @@ func TestDecideScenarios(t *testing.T) {
 		{"operator settled with nothing received", func(f *Facts) {
 			f.Status, f.Accepted, f.Orphaned = StatusSettled, new(big.Int), 1
 		}, StatusSettled, ""},
+		{"confirming, its payment mined again before the order existed", func(f *Facts) { f.Status = StatusConfirming }, StatusDisputed, ReasonOrphanedPayment},
 		{"refunded stays refunded", func(f *Facts) { f.Status, f.Orphaned = StatusRefunded, 1 }, StatusRefunded, ""},
 		{"two exact payments to a shared address", func(f *Facts) {
 			f.Status, f.Live, f.Received = StatusConfirming, 2, big.NewInt(200)

@@ -46,14 +46,7 @@ const (
 )
 
 // reasonOf returns why a transfer failing the rule called name cannot pay.
-func reasonOf(name string) string {
-	for _, r := range eligibility {
-		if r.name == name {
-			return r.why
-		}
-	}
-	panic("reconcile: no eligibility rule " + name)
-}
+func reasonOf(name string) string { return ruleNamed(name).why }
 
 // eligible is the SQL condition that transfer alias t can pay order alias o.
 func eligible(t, o string) string {
@@ -62,6 +55,23 @@ func eligible(t, o string) string {
 		conds[i] = "(" + aliases(e.cond, t, o) + ")"
 	}
 	return strings.Join(conds, " AND ")
+}
+
+// blockRules is the SQL condition that transfer t's block is one order o
+// can be paid from (mined after the order was created, before its window
+// ended): the rules a reorg can change by mining a transaction again.
+func blockRules(t, o string) string {
+	return "(" + aliases(ruleNamed(ruleAfterCreation).cond, t, o) + ") AND (" + aliases(ruleNamed(ruleInWindow).cond, t, o) + ")"
+}
+
+// ruleNamed returns the eligibility rule called name.
+func ruleNamed(name string) rule {
+	for _, r := range eligibility {
+		if r.name == name {
+			return r
+		}
+	}
+	panic("reconcile: no eligibility rule " + name)
 }
 
 func aliases(cond, t, o string) string {
@@ -90,10 +100,12 @@ var candidates = `
 	) pairs`
 
 // exactElsewhere is the SQL condition that transfer t is exactly the pay
-// amount of an open order other than o that it could pay: an exact match
-// always wins over a customer's claim.
+// amount of an order other than o that it could have paid: an exact match
+// always wins over a customer's claim. Whatever that order's status: a
+// second payment to a settled order, or one to a cancelled order, is its
+// customer's money to give back, not another customer's to claim.
 func exactElsewhere(t, o string) string {
 	return `EXISTS (SELECT 1 FROM orders o2 WHERE o2.id <> ` + o + `.id AND o2.network = ` + t + `.network
 		AND o2.asset = ` + t + `.asset AND o2.pay_address = ` + t + `.to_address AND o2.pay_amount = ` + t + `.amount
-		AND o2.unique_k IS NOT NULL AND o2.status IN ` + openStatuses + ` AND ` + eligible(t, "o2") + `)`
+		AND o2.unique_k IS NOT NULL AND ` + eligible(t, "o2") + `)`
 }

@@ -57,10 +57,14 @@ var Invariants = []Invariant{
 	// A transfer a look-up recorded ahead of the scanner confirms only once
 	// the scanner has seen it.
 	{"provisional transfer confirmed", `SELECT id FROM transfers WHERE provisional AND state = 'confirmed'`, nil},
-	// No two open orders share (network, asset, address, pay amount).
-	{"open orders share a pay amount", `SELECT string_agg(id, ', ') FROM orders
-		WHERE status IN ('awaiting_payment', 'confirming') AND unique_k IS NOT NULL
-		GROUP BY network, asset, pay_address, pay_amount HAVING count(*) > 1`, nil},
+	// No two orders that could take the same payment (their lives, up to
+	// the end of their monitoring windows, overlap) share a pay amount on
+	// one address.
+	{"orders that could take the same payment share a pay amount", `SELECT id || ' and an order whose window ends at ' || before::text
+		FROM (SELECT id, created_at, max(monitor_until) OVER (PARTITION BY network, asset, pay_address, pay_amount
+			ORDER BY created_at, id ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS before
+			FROM orders WHERE unique_k IS NOT NULL AND status <> 'cancelled') x
+		WHERE before > created_at`, nil},
 	// Wallets and suspense hold exactly what the transfers say.
 	{"wallet balance differs from confirmed transfers", `WITH w AS (
 			SELECT account, network, asset, sum(amount) AS bal FROM ledger_postings WHERE account LIKE 'wallet:%'

@@ -134,8 +134,13 @@ func (r *Reconciler) postLedger(ctx context.Context, now time.Time) (int64, erro
 }
 
 // postLedgerTx posts the transfers' ledger entries inside tx and queues a
-// review of every order whose account they changed.
+// review of every order whose account they changed. Matched transfers a
+// reorg moved to a block their order cannot be paid from are detached
+// first.
 func postLedgerTx(ctx context.Context, tx *sqlx.Tx, now time.Time) (int64, error) {
+	if _, err := tx.ExecContext(ctx, unmatchMoved, now); err != nil {
+		return 0, fmt.Errorf("unmatch transfers a reorg moved: %w", err)
+	}
 	p, err := ledger.PostTransfers(ctx, tx, now)
 	if err != nil {
 		return 0, err

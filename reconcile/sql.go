@@ -1,6 +1,11 @@
 package reconcile
 
+import "strings"
+
 // The set-based statements of a pass. $1 is the pass's time throughout.
+
+// quoteSQL renders a constant string as an SQL literal.
+func quoteSQL(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
 // reviewSQL queues a review of orders (an expression of order ids) for the
 // transitions step: their payments changed.
@@ -86,6 +91,35 @@ const factsSelect = `l.id AS oid, l.status, l.dispute_reason, l.pay_amount::text
 
 const factsGroup = `l.id, l.status, l.dispute_reason, l.pay_amount, l.accepted_amount, l.shared, l.expires_at,
 	l.customer_marked_paid_at, l.network, l.asset`
+
+// unmatchMoved detaches matched transfers that a reorg mined again in a
+// block their order cannot be paid from (below its creation height, or
+// after its window): payments count as they arrived in their final form.
+// It runs before the ledger reverses what the reorg moved (ledger_dirty),
+// so the reversal takes the attribution back from the order. An operator's
+// attach is their decision and stays. It locks no order (the transfers it
+// changes wait for no one), and queues a review of each order it changes.
+var unmatchMoved = `
+WITH moved AS (
+	SELECT t.id, t.order_id, t.tx_hash, t.block_number,
+		CASE WHEN ` + aliases(ruleNamed(ruleAfterCreation).cond, "t", "o") + ` THEN ` + quoteSQL(ruleNamed(ruleInWindow).why) + `
+			ELSE ` + quoteSQL(ruleNamed(ruleAfterCreation).why) + ` END AS why
+	FROM transfers t JOIN orders o ON o.id = t.order_id
+	WHERE t.ledger_dirty AND t.state <> 'orphaned' AND t.match_kind IN ('amount', 'address', 'hint')
+		AND NOT (` + blockRules("t", "o") + `)
+), detached AS (
+	UPDATE transfers t SET order_id = NULL, match_kind = NULL, updated_at = $1
+	FROM moved WHERE t.id = moved.id
+	RETURNING moved.order_id, t.id, t.tx_hash, t.block_number, moved.why
+), ev AS (
+	INSERT INTO order_events (order_id, at, type, actor, detail)
+	SELECT order_id, $1, 'transfer_unmatched', 'reconciler', jsonb_build_object('transfer_id', id, 'tx_hash', tx_hash,
+		'block_number', block_number, 'why', 'a reorg mined it again in block ' || block_number || ': ' || why)
+	FROM detached
+), rv AS (
+	` + reviewSQL(`SELECT order_id FROM detached`) + `
+)
+SELECT count(*) FROM detached`
 
 // transitionCandidates reads up to $4 orders after id $3 that may need to
 // move: those queued for review, those awaiting payment past their expiry

@@ -16,15 +16,16 @@ const (
 	EventCreated            = "created"
 	EventCustomerMarkedPaid = "customer_marked_paid"
 	EventStatusChanged      = "status_changed"
-	EventTransferMatched    = "transfer_matched"  // by amount, address or the customer's tx hash
-	EventTransferAttached   = "transfer_attached" // by an operator
-	EventTransferOrphaned   = "transfer_orphaned" // a reorg took it away (written by the scanner)
-	EventHintRejected       = "hint_rejected"     // the customer's tx hash claim pays nothing, and why
-	EventResolved           = "resolved"          // an operator closed a dispute
-	EventRefundAdjusted     = "refund_adjusted"   // a reorg changed what a refunded order is owed
+	EventTransferMatched    = "transfer_matched"   // by amount, address or the customer's tx hash
+	EventTransferAttached   = "transfer_attached"  // by an operator
+	EventTransferOrphaned   = "transfer_orphaned"  // a reorg took it away (written by the scanner)
+	EventTransferUnmatched  = "transfer_unmatched" // a reorg mined it again where it cannot pay the order
+	EventHintRejected       = "hint_rejected"      // the customer's tx hash claim pays nothing, and why
+	EventResolved           = "resolved"           // an operator closed a dispute
+	EventRefundAdjusted     = "refund_adjusted"    // a reorg changed what a refunded order is owed
 )
 
-// Webhook event types (API.md "Webhooks").
+// Webhook event types (README "HTTP API").
 const (
 	WebhookConfirming         = "order.confirming"
 	WebhookSettled            = "order.settled"
