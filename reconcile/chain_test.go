@@ -19,6 +19,7 @@ import (
 	"github.com/paywatch/paywatch/migrations/pgtest"
 	"github.com/paywatch/paywatch/reconcile"
 	"github.com/paywatch/paywatch/reconcile/orders"
+	"github.com/paywatch/paywatch/reconcile/reconciletest"
 )
 
 // chainEnv is the whole pipeline on the simulated EVM chain: orders, the
@@ -38,7 +39,7 @@ func newChainEnv(t *testing.T) *chainEnv {
 	c := evmtest.New(t)
 	tok := c.DeployToken("Tether USD", "USDT", 6)
 	db := pgtest.New(t)
-	clk := &clock{t: time.Now().UTC()}
+	clk := reconciletest.NewClock(time.Now())
 	shopAddr := common.HexToAddress(shop)
 	asset := &paywatch.Asset{Network: "devnet", Symbol: "USDT", Contract: tok.Address.Hex(), Decimals: 6,
 		Mode: paywatch.ModeShared, Addresses: []string{shopAddr.Hex()}, UniqueStep: big.NewInt(1), UniqueSlots: 100, Dust: new(big.Int)}

@@ -15,47 +15,34 @@ import (
 	"github.com/lib/pq"
 
 	"github.com/paywatch/paywatch"
-	"github.com/paywatch/paywatch/chains/bitcoin"
 	"github.com/paywatch/paywatch/ledger"
 	"github.com/paywatch/paywatch/migrations/pgtest"
 	"github.com/paywatch/paywatch/reconcile"
 	"github.com/paywatch/paywatch/reconcile/orders"
+	"github.com/paywatch/paywatch/reconcile/reconciletest"
 )
 
 const (
-	vpub    = "vpub5Y6cjg78GGuNLsaPhmYsiw4gYX3HoQiRBiSwDaBXKUafCt9bNwWQiitDk5VZ5BVxYnQdwoTyXSs2JHRPAgjAvtbBrf8ZhDYe2jWAqvZVnsc"
-	shop    = "0x1111111111111111111111111111111111111111"
-	usdtSC  = "0xdAC17F958D2ee523a2206206994597C13D831ec7"
-	daiSC   = "0x6B175474E89094C44Da98b954EedeAC495271d0F"
+	shop    = reconciletest.Shop
+	usdtSC  = reconciletest.USDTContract
 	grace   = 2 * time.Hour
 	window  = 24 * time.Hour
 	expires = time.Hour
 )
 
 var (
-	eth  = &paywatch.Network{Name: "ethereum", Family: paywatch.FamilyEVM, Confirmations: 3}
-	usdt = &paywatch.Asset{Network: "ethereum", Symbol: "USDT", Contract: usdtSC, Decimals: 6, Mode: paywatch.ModeShared,
-		Addresses: []string{shop}, UniqueStep: big.NewInt(1), UniqueSlots: 100}
-	btcNet = &paywatch.Network{Name: "bitcoin", Family: paywatch.FamilyBitcoin, Chain: "regtest"}
-	btc    = &paywatch.Asset{Network: "bitcoin", Symbol: "BTC", Native: true, Decimals: 8, Mode: paywatch.ModePerOrder, XPub: vpub}
+	fx     = reconciletest.NewFixtures()
+	eth    = fx.Ethereum
+	usdt   = fx.USDT
+	dai    = fx.DAI
+	btcNet = fx.Bitcoin
+	btc    = fx.BTC
 )
-
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-func (c *clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
 
 type fixture struct {
 	t     *testing.T
 	db    *sqlx.DB
-	clock *clock
+	clock *reconciletest.Clock
 	store *orders.Store
 	rec   *reconcile.Reconciler
 	op    *reconcile.Operator
@@ -65,12 +52,8 @@ type fixture struct {
 func newFixture(t *testing.T) *fixture {
 	t.Helper()
 	db := pgtest.New(t)
-	d, err := bitcoin.NewDeriver(vpub, "regtest", "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := &clock{t: time.Date(2026, 11, 2, 10, 0, 0, 0, time.UTC)}
-	f := &fixture{t: t, db: db, clock: c, store: orders.NewStore(db, window, bitcoin.Wallets{vpub: d}),
+	c := reconciletest.NewClock(time.Date(2026, 11, 2, 10, 0, 0, 0, time.UTC))
+	f := &fixture{t: t, db: db, clock: c, store: orders.NewStore(db, window, reconciletest.Wallets(t)),
 		rec: reconcile.New(db, slog.New(slog.NewTextHandler(io.Discard, nil)), grace, 8*24*time.Hour),
 		op:  reconcile.NewOperator(db)}
 	f.store.Now, f.rec.Now, f.op.Now = c.Now, c.Now, c.Now
@@ -105,12 +88,8 @@ func (f *fixture) order(a *paywatch.Asset, units int64) *paywatch.Order {
 func (f *fixture) orderExpiring(a *paywatch.Asset, units int64, expiresIn time.Duration) *paywatch.Order {
 	f.t.Helper()
 	f.n++
-	n := eth
-	if a == btc {
-		n = btcNet
-	}
 	o, _, err := f.store.Create(context.Background(), orders.CreateRequest{ExternalID: fmt.Sprintf("ext-%d", f.n),
-		Network: n, Asset: a, Amount: big.NewInt(units), ExpiresIn: expiresIn, Actor: "shop"})
+		Network: fx.Network(a), Asset: a, Amount: big.NewInt(units), ExpiresIn: expiresIn, Actor: "shop"})
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -301,13 +280,11 @@ func TestTransitionsAndReasons(t *testing.T) {
 		}, paywatch.StatusAwaitingPayment, ""},
 		{"a payment in another asset matches nothing", func(f *fixture) *paywatch.Order {
 			o := f.order(usdt, 9_000_000)
-			dai := &paywatch.Asset{Network: "ethereum", Symbol: "DAI", Contract: daiSC, Decimals: 18}
 			f.pay(payment{asset: dai, to: shop, amount: 9_000_000})
 			return o
 		}, paywatch.StatusAwaitingPayment, ""},
 		{"wrong asset by tx hash hint", func(f *fixture) *paywatch.Order {
 			o := f.order(usdt, 9_000_000)
-			dai := &paywatch.Asset{Network: "ethereum", Symbol: "DAI", Contract: daiSC, Decimals: 18}
 			tx := "0x" + strings.Repeat("d", 64)
 			f.pay(payment{asset: dai, to: shop, amount: 9_000_000, tx: tx})
 			f.store.MarkPaid(context.Background(), o.ID, tx, "shop")

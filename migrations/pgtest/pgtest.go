@@ -41,6 +41,11 @@ func NewURL(t testing.TB) string {
 	if _, err := admin.Exec("CREATE DATABASE " + name); err != nil {
 		t.Fatalf("pgtest: create database: %v", err)
 	}
+	// A test's database need not survive a crash of the server: commits
+	// that do not wait for the disk make the suite several times faster.
+	if _, err := admin.Exec("ALTER DATABASE " + name + " SET synchronous_commit TO off"); err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
 	return u
 }
 

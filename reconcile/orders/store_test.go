@@ -13,42 +13,30 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/paywatch/paywatch"
-	"github.com/paywatch/paywatch/chains/bitcoin"
 	"github.com/paywatch/paywatch/migrations/pgtest"
 	"github.com/paywatch/paywatch/reconcile/orders"
+	"github.com/paywatch/paywatch/reconcile/reconciletest"
 )
-
-const vpub = "vpub5Y6cjg78GGuNLsaPhmYsiw4gYX3HoQiRBiSwDaBXKUafCt9bNwWQiitDk5VZ5BVxYnQdwoTyXSs2JHRPAgjAvtbBrf8ZhDYe2jWAqvZVnsc"
 
 var (
-	eth  = &paywatch.Network{Name: "ethereum", Family: paywatch.FamilyEVM}
-	usdt = &paywatch.Asset{Network: "ethereum", Symbol: "USDT", Contract: "0xdAC17F958D2ee523a2206206994597C13D831ec7",
-		Decimals: 6, Mode: paywatch.ModeShared, Addresses: []string{"0x1111111111111111111111111111111111111111"},
-		UniqueStep: big.NewInt(1), UniqueSlots: 10000}
-	btcNet = &paywatch.Network{Name: "bitcoin", Family: paywatch.FamilyBitcoin, Chain: "regtest"}
-	btc    = &paywatch.Asset{Network: "bitcoin", Symbol: "BTC", Native: true, Decimals: 8, Mode: paywatch.ModePerOrder, XPub: vpub}
+	fx     = ordersFixtures()
+	eth    = fx.Ethereum
+	usdt   = fx.USDT
+	btcNet = fx.Bitcoin
+	btc    = fx.BTC
 )
 
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
+// ordersFixtures are the shared fixtures with room for many unique amounts.
+func ordersFixtures() *reconciletest.Fixtures {
+	f := reconciletest.NewFixtures()
+	f.USDT.UniqueSlots = 10000
+	return f
 }
 
-func (c *clock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-func (c *clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
-
-func newStore(t *testing.T, db *sqlx.DB) (*orders.Store, *clock) {
+func newStore(t *testing.T, db *sqlx.DB) (*orders.Store, *reconciletest.Clock) {
 	t.Helper()
-	d, err := bitcoin.NewDeriver(vpub, "regtest", "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := orders.NewStore(db, 24*time.Hour, bitcoin.Wallets{vpub: d})
-	c := &clock{t: time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC)}
+	s := orders.NewStore(db, 24*time.Hour, reconciletest.Wallets(t))
+	c := reconciletest.NewClock(time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC))
 	s.Now = c.Now
 	return s, c
 }
@@ -213,14 +201,14 @@ func TestPerOrderAddresses(t *testing.T) {
 	db := pgtest.New(t)
 	s, _ := newStore(t, db)
 	ctx := context.Background()
-	d, _ := bitcoin.NewDeriver(vpub, "regtest", "")
+	wallets := reconciletest.Wallets(t)
 	var seen []string
 	for i := 0; i < 3; i++ {
 		o, _, err := s.Create(ctx, req(fmt.Sprint("btc-", i), btc, 150_000))
 		if err != nil {
 			t.Fatal(err)
 		}
-		want, _ := d.Address(uint32(i))
+		want, _ := wallets.Address(reconciletest.VPub, uint32(i))
 		if o.PayAddress != want || o.PayAmount.Int64() != 150_000 {
 			t.Fatalf("order %d: %s %s, want %s", i, o.PayAddress, o.PayAmount, want)
 		}
@@ -229,7 +217,7 @@ func TestPerOrderAddresses(t *testing.T) {
 	// A restart (a new Store over the same database) continues the index.
 	s2, _ := newStore(t, db)
 	o, _, err := s2.Create(ctx, req("btc-after-restart", btc, 1))
-	want, _ := d.Address(3)
+	want, _ := wallets.Address(reconciletest.VPub, 3)
 	if err != nil || o.PayAddress != want {
 		t.Fatalf("after restart: %s (%v), want index 3 %s", o.PayAddress, err, want)
 	}
@@ -238,7 +226,7 @@ func TestPerOrderAddresses(t *testing.T) {
 		t.Fatalf("conflict expected, got %v", err)
 	}
 	o, _, _ = s2.Create(ctx, req("btc-5", btc, 2))
-	if want, _ := d.Address(4); o.PayAddress != want {
+	if want, _ = wallets.Address(reconciletest.VPub, 4); o.PayAddress != want {
 		t.Fatalf("index after conflict: %s, want %s", o.PayAddress, want)
 	}
 }
