@@ -207,3 +207,64 @@ func TestBackoffIsCappedWithJitter(t *testing.T) {
 		t.Fatalf("first backoff %s", d)
 	}
 }
+
+// Transfers a look-up recorded ahead of the scanner are provisional: the
+// scanner adopts those it sees in their blocks and orphans those it passes
+// without seeing; neither is confirmed before. A look-up never changes what
+// the scanner recorded, and records nothing at or below its cursor.
+func TestLookupRecordsAreProvisional(t *testing.T) {
+	c := newFakeChain(10)
+	c.payments[5] = 50
+	s, store := newTestScanner(t, c)
+	drain(t, s)
+	c.extend(5, "a") // blocks 10 to 14
+	c.payments[12] = 120
+	ctx := context.Background()
+	tx := func(n uint64, hash string, amount int64) Found {
+		return Found{Asset: fakeAsset, TxHash: fmt.Sprintf("0xt%d-%s", n, hash), TxKey: "k", To: "0xshop",
+			Amount: big.NewInt(amount), BlockNumber: n, BlockHash: hash}
+	}
+	if err := store.Record(ctx, "fake", []Found{
+		tx(3, "0xold", 30),         // below the cursor: the scanner passed it
+		tx(5, "0xelsewhere", 50),   // the scanner's own, "seen" elsewhere by a lying node
+		tx(12, c.hashes[12], 120),  // ahead, on the chain
+		tx(13, "0xnot-mined", 130), // ahead, not on the chain
+	}); err != nil {
+		t.Fatal(err)
+	}
+	var rows []struct {
+		Hash        string `db:"tx_hash"`
+		Block       string `db:"block_hash"`
+		State       string `db:"state"`
+		Provisional bool   `db:"provisional"`
+	}
+	read := func() map[uint64]string {
+		rows = rows[:0]
+		if err := store.db.Select(&rows, `SELECT tx_hash, block_hash, state, provisional FROM transfers ORDER BY block_number`); err != nil {
+			t.Fatal(err)
+		}
+		out := map[uint64]string{}
+		for _, r := range rows {
+			var n uint64
+			fmt.Sscanf(r.Hash, "0xt%d-", &n)
+			out[n] = fmt.Sprintf("%s %s provisional=%v", r.State, r.Block, r.Provisional)
+		}
+		return out
+	}
+	got := read()
+	want := map[uint64]string{
+		5:  "confirmed " + c.hashes[5] + " provisional=false",
+		12: "seen " + c.hashes[12] + " provisional=true",
+		13: "seen 0xnot-mined provisional=true",
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("after the look-up:\n got %v\nwant %v", got, want)
+	}
+	drain(t, s)
+	got = read()
+	want[12] = "confirmed " + c.hashes[12] + " provisional=false"
+	want[13] = "orphaned 0xnot-mined provisional=true"
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("after the scanner passed:\n got %v\nwant %v", got, want)
+	}
+}
