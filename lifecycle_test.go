@@ -151,13 +151,24 @@ func TestDecideScenarios(t *testing.T) {
 	}
 }
 
-// README's table of transitions is Lifecycle, rendered.
+// README's table of transitions is Lifecycle, rendered. With
+// PAYWATCH_UPDATE_README=1 the test writes it there.
 func TestREADMEShowsTheLifecycle(t *testing.T) {
-	readme, err := os.ReadFile("README.md")
+	raw, err := os.ReadFile("README.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(string(readme), LifecycleTable()) {
-		t.Fatalf("README.md does not hold the lifecycle table; paste this:\n%s", LifecycleTable())
+	readme, table := string(raw), LifecycleTable()
+	if strings.Contains(readme, table) {
+		return
+	}
+	header := table[:strings.Index(table, "\n")+1]
+	start := strings.Index(readme, header)
+	if os.Getenv("PAYWATCH_UPDATE_README") == "" || start < 0 {
+		t.Fatalf("README.md does not hold the lifecycle table; run with PAYWATCH_UPDATE_README=1, or paste this:\n%s", table)
+	}
+	end := start + strings.Index(readme[start:], "\n\n") + 1
+	if err := os.WriteFile("README.md", []byte(readme[:start]+table+readme[end:]), 0o644); err != nil {
+		t.Fatal(err)
 	}
 }

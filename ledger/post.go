@@ -50,25 +50,42 @@ type Posted struct {
 // receipt for every confirmed transfer (wallet → suspense) and an
 // attribution for every confirmed matched one (suspense → order).
 //
+// The dirty transfers are locked first and handed to beforeReversal (which
+// may be nil), so that the caller can act on exactly those — detach what
+// can no longer pay its order — before their entries are reversed; a
+// transfer the scanner marks dirty meanwhile waits for the next call.
+//
 // Each transfer carries the ids of its live receipt and attribution, so
 // that the work is found through small partial indexes instead of scanning
 // every transfer; an entry's id is drawn before it is inserted, so that its
 // postings and the transfer's marker come from the same rows.
-func PostTransfers(ctx context.Context, tx *sqlx.Tx, at time.Time) (Posted, error) {
+func PostTransfers(ctx context.Context, tx *sqlx.Tx, at time.Time, beforeReversal func(dirty []string) error) (Posted, error) {
 	var p Posted
 	if err := Lock(ctx, tx); err != nil {
 		return p, err
 	}
-	for _, step := range []struct{ name, sql string }{
-		{"reverse entries of transfers a reorg undid", reverseDirty},
-		{"post receipts", postReceipts},
-		{"post attributions", postAttributions},
+	var dirty []string
+	if err := tx.SelectContext(ctx, &dirty, `SELECT id FROM transfers WHERE ledger_dirty ORDER BY id FOR UPDATE`); err != nil {
+		return p, fmt.Errorf("lock transfers a reorg undid: %w", err)
+	}
+	if beforeReversal != nil && len(dirty) > 0 {
+		if err := beforeReversal(dirty); err != nil {
+			return p, err
+		}
+	}
+	for _, step := range []struct {
+		name, sql string
+		args      []any
+	}{
+		{"reverse entries of transfers a reorg undid", reverseDirty, []any{at, pq.Array(dirty)}},
+		{"post receipts", postReceipts, []any{at}},
+		{"post attributions", postAttributions, []any{at}},
 	} {
 		var row struct {
 			N      int64          `db:"n"`
 			Orders pq.StringArray `db:"orders"`
 		}
-		if err := tx.GetContext(ctx, &row, step.sql, at); err != nil {
+		if err := tx.GetContext(ctx, &row, step.sql, step.args...); err != nil {
 			return p, fmt.Errorf("%s: %w", step.name, err)
 		}
 		p.Entries += row.N
@@ -77,12 +94,12 @@ func PostTransfers(ctx context.Context, tx *sqlx.Tx, at time.Time) (Posted, erro
 	return p, nil
 }
 
-// reverseDirty reverses the live receipt and attribution of every transfer
-// marked ledger_dirty and forgets them, so that the receipt and attribution
-// steps post anew for the transfer's current block.
+// reverseDirty reverses the live receipt and attribution of the dirty
+// transfers ($2, locked) and forgets them, so that the receipt and
+// attribution steps post anew for the transfer's current block and order.
 var reverseDirty = `
 WITH dirty AS (
-	SELECT id, order_id, receipt_entry, attribution_entry FROM transfers WHERE ledger_dirty
+	SELECT id, order_id, receipt_entry, attribution_entry FROM transfers WHERE id = ANY($2)
 ), ` + reversal(`SELECT receipt_entry FROM dirty UNION ALL SELECT attribution_entry FROM dirty`) + `, clean AS (
 	UPDATE transfers t SET receipt_entry = NULL, attribution_entry = NULL, ledger_dirty = false
 	FROM dirty WHERE t.id = dirty.id

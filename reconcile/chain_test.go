@@ -54,6 +54,7 @@ func newChainEnv(t *testing.T) *chainEnv {
 	f := &fixture{t: t, db: db, clock: clk, store: orders.NewStore(db, window, nil),
 		rec: reconcile.New(db, log, grace, 8*24*time.Hour), op: reconcile.NewOperator(db)}
 	f.store.Now, f.rec.Now, f.op.Now = clk.Now, clk.Now, clk.Now
+	f.store.Rand = reconciletest.FirstSlot
 	scans := scan.NewStore(db)
 	e := &chainEnv{fixture: f, chain: c, token: tok, network: n, asset: asset,
 		scanner: scan.NewScanner(n, src, scans, log), shop: shopAddr}

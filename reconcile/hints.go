@@ -1,6 +1,7 @@
 package reconcile
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -54,24 +55,30 @@ const (
 const (
 	whyMatchedElsewhere = "it is matched to another order"
 	whyExactElsewhere   = "it is the exact pay amount of another order"
+	whyContested        = "another order claims the same payment: an operator decides"
 	whyClosed           = "the order is closed"
-	whyNotFound         = "no transaction with this hash paid a watched address before the order's monitoring window ended"
+	whyNotFound         = "no payment with this transaction hash was on the chain when the order's monitoring window ended"
 )
 
-// followHints decides pending claims whose transaction is recorded: it
-// links what they may link and rejects the rest. It returns the transfers
-// linked and the claims decided.
+// followHints decides pending claims whose transaction has a live transfer
+// recorded: it links what they may link and rejects the rest. A claim whose
+// transfers a reorg orphaned stays pending: they may come back. It returns
+// the transfers linked and the claims decided.
 func (r *Reconciler) followHints(ctx context.Context, now time.Time) (linked, decided int64, err error) {
-	// Claims whose order's window ended with nothing recorded: given up.
+	// Claims whose order's window ended with nothing live recorded: given up.
 	var expired []string
 	if err := r.db.SelectContext(ctx, &expired, `SELECT o.id FROM orders o
 		WHERE o.hint_state = 'pending' AND o.monitor_until < $1
-			AND NOT EXISTS (SELECT 1 FROM transfers t WHERE t.network = o.network AND t.tx_hash = o.tx_hash_hint)
+			AND NOT EXISTS (SELECT 1 FROM transfers t WHERE t.network = o.network AND t.tx_hash = o.tx_hash_hint
+				AND t.state <> 'orphaned')
 		ORDER BY o.customer_marked_paid_at, o.id LIMIT $2`, now, HintsPerPass); err != nil {
 		return 0, 0, err
 	}
 	for _, id := range expired {
 		if err := pg.Tx(ctx, r.db, func(tx *sqlx.Tx) error {
+			if _, err := lockOrders(ctx, tx, []string{id}); err != nil {
+				return err
+			}
 			return rejectHint(ctx, tx, id, now, whyNotFound, nil)
 		}); err != nil {
 			return linked, decided, fmt.Errorf("order %s: %w", id, err)
@@ -83,7 +90,8 @@ func (r *Reconciler) followHints(ctx context.Context, now time.Time) (linked, de
 	var pending []string
 	if err := r.db.SelectContext(ctx, &pending, `SELECT o.id FROM orders o
 		WHERE o.hint_state = 'pending'
-			AND EXISTS (SELECT 1 FROM transfers t WHERE t.network = o.network AND t.tx_hash = o.tx_hash_hint)
+			AND EXISTS (SELECT 1 FROM transfers t WHERE t.network = o.network AND t.tx_hash = o.tx_hash_hint
+				AND t.state <> 'orphaned')
 		ORDER BY o.customer_marked_paid_at, o.id LIMIT $1`, HintsPerPass); err != nil {
 		return linked, decided, err
 	}
@@ -105,27 +113,38 @@ func (r *Reconciler) followHints(ctx context.Context, now time.Time) (linked, de
 	return linked, decided, nil
 }
 
-// claimed is a transfer of a claimed transaction, with what the claim rules
-// say of it.
+// lockOrders locks orders in id order (the one order every path takes locks
+// in) and returns their statuses.
+func lockOrders(ctx context.Context, tx *sqlx.Tx, ids []string) (map[string]paywatch.Status, error) {
+	var rows []struct {
+		ID     string `db:"id"`
+		Status string `db:"status"`
+	}
+	if err := tx.SelectContext(ctx, &rows, `SELECT id, status FROM orders WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE`,
+		pq.Array(ids)); err != nil {
+		return nil, fmt.Errorf("lock orders: %w", err)
+	}
+	out := make(map[string]paywatch.Status, len(rows))
+	for _, r := range rows {
+		out[r.ID] = paywatch.Status(r.Status)
+	}
+	return out, nil
+}
+
+// claimed is a live transfer of a claimed transaction, with what the claim
+// rules say of it.
 type claimed struct {
 	ID             string         `db:"id"`
 	OrderID        *string        `db:"order_id"`
-	Asset          string         `db:"asset"`
-	To             string         `db:"to_address"`
-	Amount         string         `db:"amount"`
+	MatchKind      *string        `db:"match_kind"`
 	Flags          pq.StringArray `db:"flags"`
 	Fails          pq.BoolArray   `db:"fails"` // per eligibility rule: does it fail?
 	ExactElsewhere bool           `db:"exact_elsewhere"`
 }
 
-// why says why the transfer cannot be linked to the order, or "".
-func (c *claimed) why(orderID string) string {
-	switch {
-	case c.OrderID != nil && *c.OrderID != orderID:
-		return whyMatchedElsewhere
-	case c.OrderID != nil:
-		return ""
-	}
+// why says why the transfer cannot be linked to the order (it is free: no
+// order holds it), or "".
+func (c *claimed) why() string {
 	for i, fails := range c.Fails {
 		if fails {
 			if eligibility[i].name == ruleFlags {
@@ -140,33 +159,45 @@ func (c *claimed) why(orderID string) string {
 	return ""
 }
 
-// claimQuery reads the transfers of an order's claimed transaction, locked
-// (after the order), with each eligibility rule evaluated.
+// claimQuery reads the live transfers of an order's claimed transaction,
+// locked (after the orders), with each eligibility rule evaluated.
 var claimQuery = func() string {
 	fails := make([]string, len(eligibility))
 	for i, e := range eligibility {
 		fails[i] = "NOT coalesce((" + aliases(e.cond, "t", "o") + "), false)"
 	}
-	return `SELECT t.id, t.order_id, t.asset, t.to_address, t.amount::text AS amount, t.flags,
+	return `SELECT t.id, t.order_id, t.match_kind, t.flags,
 		ARRAY[` + strings.Join(fails, ", ") + `] AS fails,
 		` + exactElsewhere("t", "o") + ` AS exact_elsewhere
 	FROM orders o JOIN transfers t ON t.network = o.network AND t.tx_hash = o.tx_hash_hint
-	WHERE o.id = $1 ORDER BY t.idx, t.id FOR UPDATE OF t`
+	WHERE o.id = $1 AND t.state <> 'orphaned' ORDER BY t.idx, t.id FOR UPDATE OF t`
 }()
 
 // followHint decides one claim inside tx. It returns the transfers linked
 // and whether the claim is decided.
+//
+// A transfer another customer's claim already linked is contested: neither
+// order gets it. It goes back to the inbox flagged ambiguous, and each of
+// the two orders that holds no other payment is disputed ambiguous, for an
+// operator to decide. Whoever claims first wins nothing.
 func followHint(ctx context.Context, tx *sqlx.Tx, orderID string, now time.Time) (int64, bool, error) {
-	var o struct {
-		Status string  `db:"status"`
-		Hint   *string `db:"tx_hash_hint"`
-		State  *string `db:"hint_state"`
-	}
-	if err := tx.GetContext(ctx, &o, `SELECT status, tx_hash_hint, hint_state FROM orders WHERE id = $1 FOR NO KEY UPDATE`,
-		orderID); err != nil {
+	// The orders involved are locked first, in id order: this one, and any
+	// another claim linked this transaction's transfers to.
+	var others []string
+	if err := tx.SelectContext(ctx, &others, `SELECT DISTINCT t.order_id FROM orders o
+		JOIN transfers t ON t.network = o.network AND t.tx_hash = o.tx_hash_hint
+		WHERE o.id = $1 AND t.state <> 'orphaned' AND t.match_kind = 'hint' AND t.order_id <> o.id`, orderID); err != nil {
 		return 0, false, err
 	}
-	if o.State == nil || *o.State != hintPending {
+	statuses, err := lockOrders(ctx, tx, append([]string{orderID}, others...))
+	if err != nil {
+		return 0, false, err
+	}
+	var state *string
+	if err := tx.GetContext(ctx, &state, `SELECT hint_state FROM orders WHERE id = $1`, orderID); err != nil {
+		return 0, false, err
+	}
+	if state == nil || *state != hintPending {
 		return 0, false, nil // decided meanwhile
 	}
 	var found []claimed
@@ -174,25 +205,40 @@ func followHint(ctx context.Context, tx *sqlx.Tx, orderID string, now time.Time)
 		return 0, false, fmt.Errorf("read the claimed transaction: %w", err)
 	}
 	if len(found) == 0 {
-		return 0, false, nil // not recorded after all: wait
+		return 0, false, nil // orphaned meanwhile: wait
 	}
-	status := paywatch.Status(o.Status)
+	status := statuses[orderID]
 	var link []string
+	var contested []claimed
 	already, first := false, ""
-	for i := range found {
-		w := found[i].why(orderID)
+	for _, c := range found {
 		switch {
-		case w == "" && found[i].OrderID != nil:
+		case c.OrderID != nil && *c.OrderID == orderID:
 			already = true
-		case w == "" && status.Terminal():
-			if first == "" {
-				first = whyClosed
+		case c.OrderID != nil && c.MatchKind != nil && *c.MatchKind == "hint":
+			other, locked := statuses[*c.OrderID]
+			if !locked {
+				return 0, false, nil // linked by a claim meanwhile: decide next pass
 			}
-		case w == "":
-			link = append(link, found[i].ID)
-		case first == "":
-			first = w
+			if other.Terminal() || status.Terminal() {
+				first = cmp.Or(first, whyMatchedElsewhere)
+				continue
+			}
+			contested = append(contested, c)
+		case c.OrderID != nil:
+			first = cmp.Or(first, whyMatchedElsewhere)
+		case status.Terminal():
+			first = cmp.Or(first, whyClosed)
+		default:
+			if why := c.why(); why != "" {
+				first = cmp.Or(first, why)
+			} else {
+				link = append(link, c.ID)
+			}
 		}
+	}
+	if len(contested) > 0 {
+		return 0, true, contest(ctx, tx, orderID, contested, now)
 	}
 	if len(link) == 0 && !already {
 		return 0, true, rejectHint(ctx, tx, orderID, now, first, found)
@@ -208,7 +254,7 @@ func followHint(ctx context.Context, tx *sqlx.Tx, orderID string, now time.Time)
 		}
 		for _, id := range link {
 			if err := orders.AppendEvent(ctx, tx, orderID, now, orders.EventTransferMatched, "", "", "reconciler",
-				map[string]string{"transfer_id": id, "tx_hash": *o.Hint, "by": "tx_hash_hint"}); err != nil {
+				map[string]string{"transfer_id": id, "by": "tx_hash_hint"}); err != nil {
 				return 0, false, err
 			}
 		}
@@ -223,19 +269,89 @@ func followHint(ctx context.Context, tx *sqlx.Tx, orderID string, now time.Time)
 	return int64(len(link)), true, nil
 }
 
-// rejectHint records that a claim pays nothing, and why. A transaction that
-// paid the shop in another asset disputes an order that has no payment yet
-// as wrong_asset, so that an operator looks at it.
+// contest takes transfers two claims name from the order the first claim
+// linked them to, inside tx (both orders locked): they go back to the
+// inbox, flagged ambiguous (the ledger reposts them there), both timelines
+// say so, and each order left without a payment is disputed ambiguous.
+func contest(ctx context.Context, tx *sqlx.Tx, orderID string, contested []claimed, now time.Time) error {
+	involved := []string{orderID}
+	for _, c := range contested {
+		if _, err := tx.ExecContext(ctx, `UPDATE transfers SET order_id = NULL, match_kind = NULL, ledger_dirty = true,
+			flags = array_append(array_remove(flags, 'ambiguous'), 'ambiguous'), updated_at = $2 WHERE id = $1`, c.ID, now); err != nil {
+			return fmt.Errorf("unlink a contested transfer: %w", err)
+		}
+		for _, pair := range [][2]string{{orderID, *c.OrderID}, {*c.OrderID, orderID}} {
+			if err := orders.AppendEvent(ctx, tx, pair[0], now, orders.EventHintContested, "", "", "reconciler",
+				map[string]string{"transfer_id": c.ID, "other_order": pair[1]}); err != nil {
+				return err
+			}
+		}
+		involved = append(involved, *c.OrderID)
+	}
+	if err := rejectHint(ctx, tx, orderID, now, whyContested, contested); err != nil {
+		return err
+	}
+	if err := queueReviews(ctx, tx, now, involved); err != nil {
+		return err
+	}
+	var bare []struct {
+		ID     string  `db:"id"`
+		Status string  `db:"status"`
+		Reason *string `db:"dispute_reason"`
+	}
+	if err := tx.SelectContext(ctx, &bare, `SELECT o.id, o.status, o.dispute_reason FROM orders o WHERE o.id = ANY($1)
+		AND NOT EXISTS (SELECT 1 FROM transfers t WHERE t.order_id = o.id AND t.state <> 'orphaned')
+		ORDER BY o.id`, pq.Array(involved)); err != nil {
+		return err
+	}
+	for _, o := range bare {
+		from := paywatch.Status(o.Status)
+		if (o.Reason != nil && paywatch.Reason(*o.Reason) == paywatch.ReasonAmbiguous) ||
+			!paywatch.CanMove(from, paywatch.StatusDisputed, paywatch.ReasonAmbiguous, paywatch.ActorReconciler) {
+			continue
+		}
+		if err := disputeTx(ctx, tx, o.ID, from, paywatch.ReasonAmbiguous, now, nil); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// disputeTx moves a locked order to disputed with its event and webhook.
+func disputeTx(ctx context.Context, tx *sqlx.Tx, orderID string, from paywatch.Status, reason paywatch.Reason, now time.Time, detail map[string]any) error {
+	if _, err := tx.ExecContext(ctx, `UPDATE orders SET status = 'disputed', dispute_reason = $2, settled_at = NULL, updated_at = $3
+		WHERE id = $1`, orderID, string(reason), now); err != nil {
+		return err
+	}
+	if detail == nil {
+		detail = map[string]any{}
+	}
+	detail["reason"] = reason
+	if err := orders.AppendEvent(ctx, tx, orderID, now, orders.EventStatusChanged, from, paywatch.StatusDisputed,
+		"reconciler", detail); err != nil {
+		return err
+	}
+	return orders.EnqueueWebhook(ctx, tx, orderID, now, orders.WebhookDisputed)
+}
+
+// rejectHint records that a claim pays nothing, and why, on a locked order
+// whose claim is pending. A transaction that paid the shop in another asset
+// disputes an order that has no payment yet as wrong_asset, so that an
+// operator looks at it.
 func rejectHint(ctx context.Context, tx *sqlx.Tx, orderID string, now time.Time, reason string, found []claimed) error {
 	var o struct {
 		Status string  `db:"status"`
 		Hint   *string `db:"tx_hash_hint"`
+		State  *string `db:"hint_state"`
 		Live   bool    `db:"live"`
 	}
-	if err := tx.GetContext(ctx, &o, `SELECT status, tx_hash_hint,
+	if err := tx.GetContext(ctx, &o, `SELECT status, tx_hash_hint, hint_state,
 			EXISTS (SELECT 1 FROM transfers WHERE order_id = $1 AND state <> 'orphaned') AS live
-		FROM orders WHERE id = $1 FOR NO KEY UPDATE`, orderID); err != nil {
+		FROM orders WHERE id = $1`, orderID); err != nil {
 		return err
+	}
+	if o.State == nil || *o.State != hintPending {
+		return nil // decided meanwhile
 	}
 	if _, err := tx.ExecContext(ctx, `UPDATE orders SET hint_state = 'rejected', updated_at = $2 WHERE id = $1`,
 		orderID, now); err != nil {
@@ -253,15 +369,7 @@ func rejectHint(ctx context.Context, tx *sqlx.Tx, orderID string, now time.Time,
 	if reason != reasonOf(ruleAsset) || o.Live || !paywatch.CanMove(from, paywatch.StatusDisputed, paywatch.ReasonWrongAsset, paywatch.ActorReconciler) {
 		return nil
 	}
-	if _, err := tx.ExecContext(ctx, `UPDATE orders SET status = 'disputed', dispute_reason = 'wrong_asset', updated_at = $2
-		WHERE id = $1`, orderID, now); err != nil {
-		return err
-	}
-	if err := orders.AppendEvent(ctx, tx, orderID, now, orders.EventStatusChanged, from, paywatch.StatusDisputed,
-		"reconciler", map[string]any{"reason": paywatch.ReasonWrongAsset, "tx_hash": o.Hint}); err != nil {
-		return err
-	}
-	return orders.EnqueueWebhook(ctx, tx, orderID, now, orders.WebhookDisputed)
+	return disputeTx(ctx, tx, orderID, from, paywatch.ReasonWrongAsset, now, map[string]any{"tx_hash": o.Hint})
 }
 
 // LookUpHints runs one round of node look-ups for pending claims whose
@@ -311,7 +419,11 @@ func (r *Reconciler) LookUpHints(ctx context.Context) (int, error) {
 			if err != nil {
 				r.log.Warn("could not look up the customer's tx hash", "order", d.ID, "tx_hash", d.Hash, "err", err)
 			}
-			next := now.Add(lookupBackoff(d.Lookups + 1))
+			var next *time.Time // none after the last: the scanner will find it, if it exists
+			if d.Lookups+1 < MaxLookups {
+				at := now.Add(lookupBackoff(d.Lookups + 1))
+				next = &at
+			}
 			_, uerr := r.db.ExecContext(ctx, `UPDATE orders SET hint_lookups = hint_lookups + 1, hint_next_lookup_at = $2
 				WHERE id = $1 AND hint_state = 'pending'`, d.ID, next)
 			mu.Lock()

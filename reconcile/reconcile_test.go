@@ -57,6 +57,7 @@ func newFixture(t *testing.T) *fixture {
 		rec: reconcile.New(db, slog.New(slog.NewTextHandler(io.Discard, nil)), grace, 8*24*time.Hour),
 		op:  reconcile.NewOperator(db)}
 	f.store.Now, f.rec.Now, f.op.Now = c.Now, c.Now, c.Now
+	f.store.Rand = reconciletest.FirstSlot
 	// Both networks have been scanned up to block 0: orders are created at
 	// height 0, and each payment is mined in a block of its own above.
 	pgtest.Exec(t, db, `INSERT INTO chain_cursors (network, head, updated_at) VALUES ('ethereum', 0, $1), ('bitcoin', 0, $1)`, c.Now())

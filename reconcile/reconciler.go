@@ -86,7 +86,7 @@ func (r *Reconciler) Pass(ctx context.Context) (Result, error) {
 	now := r.now()
 	var res Result
 	var err error
-	if res.Ambiguous, err = r.exec(ctx, flagAmbiguous, now); err != nil {
+	if res.Ambiguous, err = r.flagAmbiguous(ctx, now); err != nil {
 		return res, fmt.Errorf("flag ambiguous transfers: %w", err)
 	}
 	if res.Matched, err = r.exec(ctx, matchTransfers, now); err != nil {
@@ -134,14 +134,15 @@ func (r *Reconciler) postLedger(ctx context.Context, now time.Time) (int64, erro
 }
 
 // postLedgerTx posts the transfers' ledger entries inside tx and queues a
-// review of every order whose account they changed. Matched transfers a
-// reorg moved to a block their order cannot be paid from are detached
-// first.
+// review of every order whose account they changed. Matched transfers that
+// changed so that they can no longer pay their order are detached first.
 func postLedgerTx(ctx context.Context, tx *sqlx.Tx, now time.Time) (int64, error) {
-	if _, err := tx.ExecContext(ctx, unmatchMoved, now); err != nil {
-		return 0, fmt.Errorf("unmatch transfers a reorg moved: %w", err)
-	}
-	p, err := ledger.PostTransfers(ctx, tx, now)
+	p, err := ledger.PostTransfers(ctx, tx, now, func(dirty []string) error {
+		if _, err := tx.ExecContext(ctx, recheckMatches, now, pq.Array(dirty)); err != nil {
+			return fmt.Errorf("check the matches of changed transfers: %w", err)
+		}
+		return nil
+	})
 	if err != nil {
 		return 0, err
 	}
@@ -160,6 +161,20 @@ func queueReviews(ctx context.Context, ex sqlx.ExecerContext, now time.Time, ord
 		return fmt.Errorf("queue order reviews: %w", err)
 	}
 	return nil
+}
+
+// flagAmbiguous locks the orders that ambiguous transfers could pay, then
+// flags the transfers and disputes the orders, in one transaction.
+func (r *Reconciler) flagAmbiguous(ctx context.Context, now time.Time) (int64, error) {
+	var n int64
+	err := pg.Tx(ctx, r.db, func(tx *sqlx.Tx) error {
+		var locked []string
+		if err := tx.SelectContext(ctx, &locked, ambiguousOrders, now, now.Add(-r.Lookback)); err != nil || len(locked) == 0 {
+			return err
+		}
+		return tx.GetContext(ctx, &n, flagAmbiguous, now, now.Add(-r.Lookback), pq.Array(locked))
+	})
+	return n, err
 }
 
 // exec runs one set-based statement with the pass's parameters: $1 now,

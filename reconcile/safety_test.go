@@ -157,13 +157,13 @@ func TestHintIsAClaim(t *testing.T) {
 			f.pay(payment{asset: usdt, to: other, amount: 9_000_000, tx: tx})
 			return tx, o
 		}, "paid another address"},
-		{"orphaned", func(f *fixture) (string, *paywatch.Order) {
+		{"orphaned: waits while it may come back", func(f *fixture) (string, *paywatch.Order) {
 			o := f.order(usdt, 10_000_000)
 			tx := hash(f, "orphan")
 			tr := f.pay(payment{asset: usdt, to: shop, amount: 9_000_000, tx: tx, state: "seen"})
 			f.setState(tr, "orphaned")
 			return tx, o
-		}, "its block was replaced by a reorg"},
+		}, "pending"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -185,6 +185,13 @@ func TestHintIsAClaim(t *testing.T) {
 			}
 			if linked {
 				t.Fatalf("a claim that should be rejected (%s) linked the transfer", c.why)
+			}
+			if c.why == "pending" {
+				var state string
+				if err := f.db.Get(&state, `SELECT hint_state FROM orders WHERE id = $1`, o.ID); err != nil || state != "pending" {
+					t.Fatalf("claim %s (%v), want pending", state, err)
+				}
+				return
 			}
 			got, err := f.store.Get(context.Background(), o.ID)
 			if err != nil {

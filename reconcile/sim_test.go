@@ -22,6 +22,7 @@ import (
 	"log/slog"
 	"math/big"
 	"math/rand/v2"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -122,6 +123,7 @@ func newSim(t *testing.T, seed uint64) *sim {
 		byID:  map[string]*simOrder{}, byTx: map[string]*simPay{}}
 	s.store = orders.NewStore(db, 6*time.Hour, reconciletest.Wallets(t))
 	s.store.Now = s.clock.Now
+	s.store.Rand = s.rnd.IntN
 	s.scans = scan.NewStore(db)
 	s.scans.Now = s.clock.Now
 	s.op = reconcile.NewOperator(db)
@@ -163,12 +165,51 @@ func (s *sim) restartReconciler() {
 
 func (s *sim) fail(format string, args ...any) {
 	s.t.Helper()
+	msg := fmt.Sprintf(format, args...)
+	format, args = "%s%s", []any{msg, s.dump(msg)}
 	tail := s.history
 	if !*simTrace {
 		tail = tail[max(len(tail)-40, 0):]
 	}
 	s.t.Fatalf("seed %d, step %d: %s\nlast actions:\n  %s\nreplay: go test ./reconcile -run 'TestSimulation' -sim.seed=%d -sim.steps=%d -v",
 		s.seed, s.steps, fmt.Sprintf(format, args...), strings.Join(tail, "\n  "), s.seed, s.steps)
+}
+
+// dump describes the orders a failure names, with their transfers, as the
+// database holds them.
+func (s *sim) dump(msg string) string {
+	var b strings.Builder
+	for _, id := range regexp.MustCompile(`ord_[a-z0-9]+`).FindAllString(msg, 5) {
+		var o struct {
+			Status, Reason, Pay, Created, Until, Accepted, Hint string
+		}
+		_ = s.db.QueryRow(`SELECT status, coalesce(dispute_reason, ''), pay_amount::text, coalesce(created_height::text, '?'),
+			monitor_until::text, coalesce(accepted_amount::text, ''), coalesce(hint_state, '') FROM orders WHERE id = $1`, id).
+			Scan(&o.Status, &o.Reason, &o.Pay, &o.Created, &o.Until, &o.Accepted, &o.Hint)
+		n := 0
+		if so := s.byID[id]; so != nil {
+			n = so.n
+		}
+		fmt.Fprintf(&b, "\n  order %d %s: %s %s pay %s created at height %s window until %s accepted %q claim %q", n, id,
+			o.Status, o.Reason, o.Pay, o.Created, o.Until, o.Accepted, o.Hint)
+		rows, err := s.db.Query(`SELECT tx_hash, amount::text, block_number, state, coalesce(match_kind, ''), provisional, ledger_dirty,
+			attribution_entry IS NOT NULL, coalesce(block_time::text, '') FROM transfers WHERE order_id = $1 ORDER BY block_number`, id)
+		if err != nil {
+			continue
+		}
+		for rows.Next() {
+			var tx, amount, state, kind, at string
+			var block int64
+			var prov, dirty, attributed bool
+			_ = rows.Scan(&tx, &amount, &block, &state, &kind, &prov, &dirty, &attributed, &at)
+			fmt.Fprintf(&b, "\n    %s %s in %d (%s) %s by %s provisional=%v dirty=%v attributed=%v", short(tx), amount, block, at, state, kind, prov, dirty, attributed)
+		}
+		rows.Close()
+		var reviews int
+		_ = s.db.QueryRow(`SELECT count(*) FROM order_reviews WHERE order_id = $1`, id).Scan(&reviews)
+		fmt.Fprintf(&b, "\n    %d reviews queued", reviews)
+	}
+	return b.String()
 }
 
 func (s *sim) note(format string, args ...any) {
@@ -308,12 +349,25 @@ func (s *sim) checkClaims() {
 		switch {
 		case r.Kind == "address":
 			s.fail("a payment meant for order %d was matched by address to order %d", p.intended.n, o.n)
-		case r.Amount == p.intended.o.PayAmount.String():
+		case r.Amount == p.intended.o.PayAmount.String() && s.couldPay(r.TxHash, p.intended):
 			s.fail("order %d's claim took the exact payment of order %d", o.n, p.intended.n)
 		case r.Status == string(paywatch.StatusSettled) && r.Accepted == nil:
 			s.fail("order %d settled on a payment meant for order %d, by a claim", o.n, p.intended.n)
 		}
 	}
+}
+
+// couldPay reports whether the transfer of a transaction was mined where
+// the order could be paid from (after its creation, before its window
+// ended): only then is an exact payment that order's by right.
+func (s *sim) couldPay(txHash string, o *simOrder) bool {
+	var ok bool
+	if err := s.db.Get(&ok, `SELECT bool_and(t.block_number > o.created_height
+			AND coalesce(t.block_time, t.first_seen_at) <= o.monitor_until)
+		FROM transfers t, orders o WHERE t.tx_hash = $1 AND o.id = $2`, txHash, o.o.ID); err != nil {
+		s.fail("read eligibility: %v", err)
+	}
+	return ok
 }
 
 // sync scans a network's chain up to its head.

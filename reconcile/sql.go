@@ -13,20 +13,31 @@ func reviewSQL(orderIDs string) string {
 	return `INSERT INTO order_reviews (order_id, at) SELECT DISTINCT id, $1::timestamptz FROM (` + orderIDs + `) AS changed(id)`
 }
 
-// flagAmbiguous marks transfers that could pay more than one order, and
-// disputes those of the orders that hold no payment yet as ambiguous: never
-// a guess. The transfers stay in the inbox for an operator.
-var flagAmbiguous = `
+// ambiguousOrders locks, in id order, the candidate orders of transfers
+// that could pay more than one order, and returns them: the orders are
+// locked before the transfers, as everywhere.
+var ambiguousOrders = `
 WITH amb AS (
 	SELECT tid, array_agg(oid) AS oids` + candidates + `
 	GROUP BY tid HAVING count(*) > 1
+)
+SELECT o.id FROM orders o WHERE o.id IN (SELECT unnest(oids) FROM amb) AND $1::timestamptz IS NOT NULL
+ORDER BY o.id FOR NO KEY UPDATE`
+
+// flagAmbiguous marks transfers that could pay more than one order (all of
+// them among the orders locked, $3), and disputes those of the orders that
+// hold no payment yet as ambiguous: never a guess. The transfers stay in
+// the inbox for an operator.
+var flagAmbiguous = `
+WITH amb AS (
+	SELECT tid, array_agg(oid) AS oids` + candidates + `
+	GROUP BY tid HAVING count(*) > 1 AND array_agg(oid) <@ $3::text[]
 ), flagged AS (
 	UPDATE transfers t SET flags = array_append(t.flags, 'ambiguous'), updated_at = $1
 	FROM amb WHERE t.id = amb.tid RETURNING t.id, t.tx_hash
 ), affected AS (
 	SELECT o.id, o.status FROM orders o
 	WHERE o.id IN (SELECT unnest(oids) FROM amb) AND o.status IN ('awaiting_payment', 'expired')
-	ORDER BY o.id FOR NO KEY UPDATE
 ), disputed AS (
 	UPDATE orders o SET status = 'disputed', dispute_reason = 'ambiguous', updated_at = $1
 	FROM affected a WHERE o.id = a.id RETURNING o.id, a.status AS from_status
@@ -92,37 +103,54 @@ const factsSelect = `l.id AS oid, l.status, l.dispute_reason, l.pay_amount::text
 const factsGroup = `l.id, l.status, l.dispute_reason, l.pay_amount, l.accepted_amount, l.shared, l.expires_at,
 	l.customer_marked_paid_at, l.network, l.asset`
 
-// unmatchMoved detaches matched transfers that a reorg mined again in a
-// block their order cannot be paid from (below its creation height, or
-// after its window): payments count as they arrived in their final form.
-// It runs before the ledger reverses what the reorg moved (ledger_dirty),
-// so the reversal takes the attribution back from the order. An operator's
-// attach is their decision and stays. It locks no order (the transfers it
-// changes wait for no one), and queues a review of each order it changes.
-var unmatchMoved = `
-WITH moved AS (
-	SELECT t.id, t.order_id, t.tx_hash, t.block_number,
-		CASE WHEN ` + aliases(ruleNamed(ruleAfterCreation).cond, "t", "o") + ` THEN ` + quoteSQL(ruleNamed(ruleInWindow).why) + `
-			ELSE ` + quoteSQL(ruleNamed(ruleAfterCreation).why) + ` END AS why
+// recheckMatches detaches, among the locked transfers a reorg or the
+// scanner changed ($2: orphaned, mined again elsewhere, or a look-up's
+// provisional record corrected by what the scanner saw), those that no
+// longer meet the rule they were matched by: a block their order cannot be
+// paid from, another address or asset, a flag, or (matched by amount) an
+// amount that is not the order's. Payments count as they arrived in their
+// final form. It runs before the ledger reverses what changed, so the
+// reversal takes the attribution back from the order. An operator's attach
+// is their decision and stays. It locks no order (the transfers it changes
+// wait for no one), and queues a review of each order it changes.
+var recheckMatches = func() string {
+	var why []string
+	var keep []string
+	for _, r := range eligibility {
+		if r.name == ruleLive {
+			continue // an orphaned transfer stays its order's: it may come back
+		}
+		cond := aliases(r.cond, "t", "o")
+		why = append(why, "WHEN NOT ("+cond+") THEN "+quoteSQL(r.why))
+		keep = append(keep, "("+cond+")")
+	}
+	amount := `(t.match_kind <> 'amount' OR t.amount = o.pay_amount)`
+	why = append(why, "WHEN NOT "+amount+" THEN "+quoteSQL("its amount is not the order's pay amount"))
+	keep = append(keep, amount)
+	return `
+WITH changed AS (
+	SELECT t.id, t.order_id, t.tx_hash, t.block_number, CASE ` + strings.Join(why, " ") + ` ELSE '' END AS why
 	FROM transfers t JOIN orders o ON o.id = t.order_id
-	WHERE t.ledger_dirty AND t.state <> 'orphaned' AND t.match_kind IN ('amount', 'address', 'hint')
-		AND NOT (` + blockRules("t", "o") + `)
+	WHERE t.id = ANY($2) AND t.state <> 'orphaned' AND t.match_kind IN ('amount', 'address', 'hint')
+		AND NOT (` + strings.Join(keep, " AND ") + `)
 ), detached AS (
 	UPDATE transfers t SET order_id = NULL, match_kind = NULL, updated_at = $1
-	FROM moved WHERE t.id = moved.id
-	RETURNING moved.order_id, t.id, t.tx_hash, t.block_number, moved.why
+	FROM changed WHERE t.id = changed.id
+	RETURNING changed.order_id, t.id, t.tx_hash, t.block_number, changed.why
 ), ev AS (
 	INSERT INTO order_events (order_id, at, type, actor, detail)
 	SELECT order_id, $1, 'transfer_unmatched', 'reconciler', jsonb_build_object('transfer_id', id, 'tx_hash', tx_hash,
-		'block_number', block_number, 'why', 'a reorg mined it again in block ' || block_number || ': ' || why)
+		'block_number', block_number, 'why', 'as the scanner now sees it (in block ' || block_number || '), ' || why)
 	FROM detached
 ), rv AS (
 	` + reviewSQL(`SELECT order_id FROM detached`) + `
 )
 SELECT count(*) FROM detached`
+}()
 
 // transitionCandidates reads up to $4 orders after id $3 that may need to
-// move: those queued for review, those awaiting payment past their expiry
+// move: those queued for review (distinct: an order may be queued many
+// times, and a batch of fewer than $4 orders ends the walk), those awaiting payment past their expiry
 // or past the paid grace ($2 seconds), and those with an address of their
 // own confirming past expiry. It locks them (skipping any another
 // transaction holds), consumes their reviews, and reads their facts, all in
@@ -132,7 +160,7 @@ SELECT count(*) FROM detached`
 var transitionCandidates = `
 WITH cand AS (
 	SELECT id FROM (
-		(SELECT order_id AS id FROM order_reviews WHERE order_id > $3 ORDER BY order_id LIMIT $4)
+		(SELECT DISTINCT order_id AS id FROM order_reviews WHERE order_id > $3 ORDER BY order_id LIMIT $4)
 		UNION
 		(SELECT id FROM orders WHERE status = 'awaiting_payment' AND customer_marked_paid_at IS NULL
 			AND expires_at <= $1 AND id > $3 ORDER BY id LIMIT $4)

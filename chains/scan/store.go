@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"time"
 
@@ -20,6 +21,14 @@ import (
 type Store struct {
 	db  *sqlx.DB
 	Now func() time.Time
+	// Log receives what the store ignores on purpose; nil for none.
+	Log *slog.Logger
+}
+
+func (s *Store) warn(msg string, args ...any) {
+	if s.Log != nil {
+		s.Log.Warn(msg, args...)
+	}
 }
 
 // NewStore returns a Store over db.
@@ -305,13 +314,21 @@ func insertTransfers(ctx context.Context, tx *sqlx.Tx, network string, found []F
 	return nil
 }
 
-// scannerConflict is what the scanner does with a transfer it finds again.
+// scannerConflict is what the scanner does with a transfer it finds again:
+// what it sees now is the truth, whatever was recorded before (a look-up's
+// provisional record, or the block the transaction was mined in before a
+// reorg). When anything changed, the transfer is marked ledger_dirty: the
+// reconciler checks its match again and the ledger reposts it.
 const scannerConflict = `DO UPDATE SET
 			idx = EXCLUDED.idx, block_number = EXCLUDED.block_number, block_hash = EXCLUDED.block_hash,
-			block_time = EXCLUDED.block_time,
+			block_time = EXCLUDED.block_time, asset = EXCLUDED.asset, asset_contract = EXCLUDED.asset_contract,
+			from_address = EXCLUDED.from_address, to_address = EXCLUDED.to_address, amount = EXCLUDED.amount,
+			flags = EXCLUDED.flags,
 			state = CASE WHEN transfers.state <> 'orphaned' AND transfers.block_hash = EXCLUDED.block_hash
 				THEN transfers.state ELSE 'seen' END,
-			ledger_dirty = transfers.ledger_dirty OR transfers.block_hash <> EXCLUDED.block_hash,
+			ledger_dirty = transfers.ledger_dirty OR (transfers.block_hash, transfers.asset, transfers.asset_contract,
+				transfers.to_address, transfers.amount, transfers.flags) IS DISTINCT FROM (EXCLUDED.block_hash,
+				EXCLUDED.asset, EXCLUDED.asset_contract, EXCLUDED.to_address, EXCLUDED.amount, EXCLUDED.flags),
 			orphaned_at = NULL, provisional = false,
 			updated_at = CASE WHEN transfers.block_hash = EXCLUDED.block_hash AND transfers.state <> 'orphaned'
 				THEN transfers.updated_at ELSE EXCLUDED.updated_at END`
@@ -390,20 +407,34 @@ func (s *Store) Statuses(ctx context.Context) (map[string]Status, error) {
 func (s *Store) Record(ctx context.Context, network string, found []Found) error {
 	now := s.Now().UTC().Truncate(time.Microsecond)
 	return pg.Tx(ctx, s.db, func(tx *sqlx.Tx) error {
-		var cursor *int64
-		err := tx.GetContext(ctx, &cursor, `SELECT block_number FROM chain_cursors WHERE network = $1 FOR SHARE`, network)
+		var at struct {
+			Cursor *int64 `db:"block_number"`
+			Head   *int64 `db:"head"`
+		}
+		err := tx.GetContext(ctx, &at, `SELECT block_number, head FROM chain_cursors WHERE network = $1 FOR SHARE`, network)
 		if err != nil && !errors.Is(err, sql.ErrNoRows) {
 			return fmt.Errorf("read cursor of %s: %w", network, err)
 		}
 		var ahead []Found
 		for _, f := range found {
-			if cursor == nil || f.BlockNumber > uint64(*cursor) {
+			switch {
+			case at.Cursor != nil && f.BlockNumber <= uint64(*at.Cursor):
+				// The scanner passed this block without seeing it there.
+			case at.Head != nil && f.BlockNumber > uint64(*at.Head)+MaxLookupLead:
+				s.warn("a node look-up answered from far beyond the head; ignored", "network", network,
+					"tx_hash", f.TxHash, "block", f.BlockNumber, "head", *at.Head)
+			default:
 				ahead = append(ahead, f)
 			}
 		}
 		return insertTransfers(ctx, tx, network, ahead, now, true)
 	})
 }
+
+// MaxLookupLead is how far beyond the recorded head a look-up's block may
+// be: a node that answers from further ahead is lying or on another chain,
+// and one such answer must not push the height new orders are created at.
+const MaxLookupLead = 1000
 
 // Rewind moves a network's cursor back to block to (an operator's decision
 // after a reorg too deep to walk back): transfers above it become orphaned

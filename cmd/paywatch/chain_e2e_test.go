@@ -13,6 +13,7 @@ import (
 
 	"github.com/ethereum/go-ethereum/common"
 
+	"github.com/paywatch/paywatch"
 	"github.com/paywatch/paywatch/chains/evm/evmtest"
 	"github.com/paywatch/paywatch/migrations/pgtest"
 )
@@ -79,13 +80,19 @@ func TestPaymentsSeenAcrossDaemonKill(t *testing.T) {
 	}
 	code, order := a.call("POST", "/v1/orders", e2eStorefrontKey,
 		`{"external_id":"gpu-1","network":"devnet","asset":"USDT","amount":"1234.000317"}`)
-	if code != 201 || order["pay_amount"] != "1234.000317" {
+	if code != 201 {
 		t.Fatalf("create: %d %v", code, order)
 	}
-	first := pay(1_234_000_317)
+	// The pay amount is the amount plus a unique increment drawn at random.
+	payAmount, _ := order["pay_amount"].(string)
+	units, err := paywatch.ParseUnits(payAmount, 6, "USDT", nil)
+	if err != nil || units.Int64() < 1_234_000_317 || units.Int64() >= 1_234_000_317+10_000 {
+		t.Fatalf("pay amount %q (%v) is not 1234.000317 plus one of 10,000 increments", payAmount, err)
+	}
+	first := pay(units.Int64())
 	waitUntil(t, 30*time.Second, "the payment in GET /v1/transfers", func() bool { return len(a.transfers()) == 1 })
 	got := a.transfers()[0].(map[string]any)
-	if got["tx_hash"] != first.Hex() || got["amount"] != "1234.000317" || got["asset"] != "USDT" || got["to"] != shop.Hex() {
+	if got["tx_hash"] != first.Hex() || got["amount"] != payAmount || got["asset"] != "USDT" || got["to"] != shop.Hex() {
 		t.Fatalf("transfer %v", got)
 	}
 	chain.Mine(2)
@@ -101,7 +108,7 @@ func TestPaymentsSeenAcrossDaemonKill(t *testing.T) {
 	_, settled := a.call("GET", "/v1/orders/"+order["id"].(string), e2eStorefrontKey, "")
 	trs := settled["transfers"].([]any)
 	if len(trs) != 1 || trs[0].(map[string]any)["tx_hash"] != first.Hex() || settled["confirmations"].(float64) < 2 ||
-		settled["received_amount"] != "1234.000317" {
+		settled["received_amount"] != payAmount {
 		t.Fatalf("settled order %v", settled)
 	}
 

@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/paywatch/paywatch"
 	"github.com/paywatch/paywatch/migrations/pgtest"
 )
 
@@ -180,7 +181,9 @@ func TestEndToEnd(t *testing.T) {
 	}
 	code, o := d.call("POST", "/v1/orders", e2eStorefrontKey,
 		`{"external_id":"kd-1","network":"ethereum","asset":"USDT","amount":"1234.00","metadata":{"plan":"L40S-7d"}}`)
-	if code != 201 || o["pay_amount"] != "1234" || o["status"] != "awaiting_payment" {
+	payAmount, _ := o["pay_amount"].(string) // 1234 plus one of 10,000 increments of 0.000001, drawn at random
+	if units, err := paywatch.ParseUnits(payAmount, 6, "USDT", nil); code != 201 || err != nil ||
+		units.Int64() < 1_234_000_000 || units.Int64() >= 1_234_010_000 || o["status"] != "awaiting_payment" {
 		t.Fatalf("create: %d %v", code, o)
 	}
 	id := o["id"].(string)
@@ -204,7 +207,7 @@ func TestEndToEnd(t *testing.T) {
 	// A restart loses nothing and continues the derivation index.
 	d2 := startDaemon(t, configPath, dbURL)
 	code, got := d2.call("GET", "/v1/orders/"+id, e2eStorefrontKey, "")
-	if code != 200 || got["customer_marked_paid_at"] == nil || got["pay_amount"] != "1234" {
+	if code != 200 || got["customer_marked_paid_at"] == nil || got["pay_amount"] != payAmount {
 		t.Fatalf("after restart: %d %v", code, got)
 	}
 	code, b2 := d2.call("POST", "/v1/orders", e2eStorefrontKey, `{"external_id":"btc-2","network":"bitcoin","asset":"BTC","amount":"0.001"}`)

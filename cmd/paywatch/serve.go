@@ -130,6 +130,7 @@ func newDaemon(ctx context.Context, log *slog.Logger, cfg *config.Config) (*daem
 	}
 	store := orders.NewStore(db, cfg.Orders.MonitoringWindow, wallets)
 	scans := scan.NewStore(db)
+	scans.Log = log
 	rec := newReconciler(db, log, cfg)
 	rec.Record = scans.Record
 	runner := reconcile.NewRunner(rec, cfg.ReconcilerSchedule, cfg.DatabaseURL, scan.NotifyChannel, log)

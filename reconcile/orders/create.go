@@ -230,8 +230,11 @@ type slotChoice struct {
 	payAmount *big.Int
 }
 
-// chooseSlot finds, for the first shared address that has one, the
-// smallest k whose pay amount (amount + k × step) no order holds. A
+// chooseSlot finds, for the first shared address that has one, a k whose
+// pay amount (amount + k × step) no order holds. k is drawn at random
+// among the free ones (Store.Rand), never the smallest: a customer who saw
+// someone else's payment of some amount waiting to be mined must not be
+// able to create an order whose pay amount is exactly that. A
 // transaction-scoped advisory lock per (network, asset, address) makes
 // concurrent creations wait for each other instead of retrying; the primary
 // key of amount_slots is what guarantees uniqueness.
@@ -241,7 +244,11 @@ func (s *Store) chooseSlot(ctx context.Context, tx *sqlx.Tx, a *paywatch.Asset, 
 			"paywatch:slot:"+a.Network+":"+a.Symbol+":"+addr); err != nil {
 			return nil, fmt.Errorf("lock amount slots: %w", err)
 		}
-		k, err := freeSlot(ctx, tx, a, addr, amount, now)
+		start, err := s.rand(a.UniqueSlots)
+		if err != nil {
+			return nil, err
+		}
+		k, err := freeSlot(ctx, tx, a, addr, amount, now, start)
 		if err != nil {
 			return nil, err
 		}
@@ -257,37 +264,38 @@ func (s *Store) chooseSlot(ctx context.Context, tx *sqlx.Tx, a *paywatch.Asset, 
 		a.UniqueSlots, a.FormatAmount(amount), a.Symbol, a.Network)
 }
 
-// freeSlot returns the smallest k whose pay amount is not held at addr, or
-// -1 when all are. It reads only the held slots inside the candidate range
-// (an index range scan), so its cost grows with the slots in use, not with
-// unique_slots.
-func freeSlot(ctx context.Context, tx *sqlx.Tx, a *paywatch.Asset, addr string, amount *big.Int, now time.Time) (int, error) {
+// freeSlot returns the first k, from start on (wrapping around), whose pay
+// amount is not held at addr, or -1 when all are. It reads only the held
+// slots inside the candidate range (an index range scan), so its cost grows
+// with the slots in use, not with unique_slots.
+func freeSlot(ctx context.Context, tx *sqlx.Tx, a *paywatch.Asset, addr string, amount *big.Int, now time.Time, start int) (int, error) {
 	last := new(big.Int).Mul(big.NewInt(int64(a.UniqueSlots-1)), a.UniqueStep)
 	last.Add(last, amount)
 	var held []string
 	if err := tx.SelectContext(ctx, &held, `SELECT pay_amount::text FROM amount_slots
-		WHERE network = $1 AND asset = $2 AND address = $3 AND pay_amount BETWEEN $4 AND $5 AND held_until > $6
-		ORDER BY pay_amount`, a.Network, a.Symbol, addr, amount.String(), last.String(), now); err != nil {
+		WHERE network = $1 AND asset = $2 AND address = $3 AND pay_amount BETWEEN $4 AND $5 AND held_until > $6`,
+		a.Network, a.Symbol, addr, amount.String(), last.String(), now); err != nil {
 		return 0, fmt.Errorf("read held amount slots: %w", err)
 	}
-	// Walk candidates and held amounts together, both ascending.
-	candidate := new(big.Int).Set(amount)
-	k := 0
+	taken := make(map[int64]bool, len(held))
 	for _, h := range held {
 		v, err := units(h, "held pay amount")
 		if err != nil {
 			return 0, err
 		}
-		if k < a.UniqueSlots && candidate.Cmp(v) < 0 {
-			return k, nil
-		}
-		if candidate.Cmp(v) == 0 {
-			k++
-			candidate.Add(candidate, a.UniqueStep)
+		k, rest := new(big.Int).QuoRem(v.Sub(v, amount), a.UniqueStep, new(big.Int))
+		if rest.Sign() == 0 { // another amount's slot between two of ours blocks nothing
+			taken[k.Int64()] = true
 		}
 	}
-	if k < a.UniqueSlots {
-		return k, nil
+	if len(taken) >= a.UniqueSlots {
+		return -1, nil
+	}
+	for i := 0; i < a.UniqueSlots; i++ {
+		k := (start + i) % a.UniqueSlots
+		if !taken[int64(k)] {
+			return k, nil
+		}
 	}
 	return -1, nil
 }

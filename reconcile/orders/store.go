@@ -5,6 +5,9 @@
 package orders
 
 import (
+	"crypto/rand"
+	"fmt"
+	"math/big"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -26,6 +29,21 @@ type Store struct {
 	MonitoringWindow time.Duration
 	// Addresses derives per-order addresses.
 	Addresses AddressBook
+	// Rand returns a uniformly random int in [0, n): where the search for
+	// a free unique amount starts. Cryptographically random unless a test
+	// replaces it.
+	Rand func(n int) int
+}
+
+func (s *Store) rand(n int) (int, error) {
+	if s.Rand != nil {
+		return s.Rand(n), nil
+	}
+	v, err := rand.Int(rand.Reader, big.NewInt(int64(n)))
+	if err != nil {
+		return 0, fmt.Errorf("draw a unique amount: %w", err)
+	}
+	return int(v.Int64()), nil
 }
 
 // NewStore returns a Store over db.

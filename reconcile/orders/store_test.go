@@ -38,6 +38,7 @@ func newStore(t *testing.T, db *sqlx.DB) (*orders.Store, *reconciletest.Clock) {
 	s := orders.NewStore(db, 24*time.Hour, reconciletest.Wallets(t))
 	c := reconciletest.NewClock(time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC))
 	s.Now = c.Now
+	s.Rand = reconciletest.FirstSlot
 	return s, c
 }
 
@@ -428,5 +429,35 @@ func TestListPagination(t *testing.T) {
 	}
 	if _, _, err := s.List(ctx, orders.Filter{Limit: 5, Cursor: "garbage!"}); paywatch.ErrorCode(err) != paywatch.CodeInvalidRequest {
 		t.Fatalf("bad cursor: %v", err)
+	}
+}
+
+// Unique increments are drawn at random among the free ones: nobody can
+// choose a pay amount equal to someone else's payment waiting to be mined.
+func TestPayAmountsAreDrawnAtRandom(t *testing.T) {
+	db := pgtest.New(t)
+	s, _ := newStore(t, db)
+	s.Rand = nil // the store's own, cryptographic randomness
+	ctx := context.Background()
+	seen := map[int64]bool{}
+	smallest := 0
+	for i := 0; i < 40; i++ {
+		o, _, err := s.Create(ctx, req(fmt.Sprint("rand-", i), usdt, 7_000_000))
+		if err != nil {
+			t.Fatal(err)
+		}
+		k := o.PayAmount.Int64() - 7_000_000
+		if k < 0 || k >= int64(usdt.UniqueSlots) || seen[k] {
+			t.Fatalf("order %d drew k=%d (seen before: %v)", i, k, seen[k])
+		}
+		seen[k] = true
+		if k < 40 {
+			smallest++
+		}
+	}
+	// 40 draws among 10,000 slots: the first 40 slots all drawn would be a
+	// 1 in 10^100 chance.
+	if smallest == 40 {
+		t.Fatal("the increments are the smallest free ones, in order")
 	}
 }

@@ -19,8 +19,9 @@ const (
 	EventTransferMatched    = "transfer_matched"   // by amount, address or the customer's tx hash
 	EventTransferAttached   = "transfer_attached"  // by an operator
 	EventTransferOrphaned   = "transfer_orphaned"  // a reorg took it away (written by the scanner)
-	EventTransferUnmatched  = "transfer_unmatched" // a reorg mined it again where it cannot pay the order
+	EventTransferUnmatched  = "transfer_unmatched" // it changed (a reorg, the scanner correcting a look-up) so that it cannot pay the order
 	EventHintRejected       = "hint_rejected"      // the customer's tx hash claim pays nothing, and why
+	EventHintContested      = "hint_contested"     // two orders claim one payment: neither gets it
 	EventResolved           = "resolved"           // an operator closed a dispute
 	EventRefundAdjusted     = "refund_adjusted"    // a reorg changed what a refunded order is owed
 )

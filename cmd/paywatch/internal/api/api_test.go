@@ -84,6 +84,7 @@ func newFixture(t testing.TB) *fixture {
 		t.Fatal(err)
 	}
 	store := orders.NewStore(db, cfg.Orders.MonitoringWindow, wallets)
+	store.Rand = func(int) int { return 0 } // the smallest free unique amount, for the assertions
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	srv := httptest.NewServer(api.New(cfg, api.Deps{Orders: store, Chains: scan.NewStore(db),
 		Operator: reconcile.NewOperator(db), Ledger: ledger.NewBook(db)}, log).Handler())

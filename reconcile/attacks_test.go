@@ -1,0 +1,355 @@
+package reconcile_test
+
+// Attacks on the money path, each as the attacker would run it. Each test
+// asserts what README's rules promise.
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"math/big"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/lib/pq"
+
+	"github.com/paywatch/paywatch"
+	"github.com/paywatch/paywatch/chains/scan"
+	"github.com/paywatch/paywatch/migrations/pgtest"
+	"github.com/paywatch/paywatch/reconcile"
+)
+
+// R1. A victim pays an inexact amount to the shared address (an exchange
+// deducted a fee). An attacker with an older open order watches the
+// mempool and claims the victim's tx hash on their own order before it is
+// even mined. Claiming first must win nothing: when the victim claims it
+// too, neither order gets it, and an operator decides.
+func TestAttackPreClaimTakesAnotherCustomersPayment(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	attacker := f.order(usdt, 1_000_000) // 1 USDT, created before the victim pays
+	victim := f.order(usdt, 1_000_000_000)
+	h := hash(f, "victim-pending")
+	// The attacker sees the victim's transaction in the mempool and claims it.
+	if _, err := f.store.MarkPaid(ctx, attacker.ID, h, "shop"); err != nil {
+		t.Fatal(err)
+	}
+	f.clock.Advance(time.Second)
+	tr := f.pay(payment{asset: usdt, to: shop, amount: 999_000_000, tx: h}) // mined: 999 of 1000
+	if _, err := f.store.MarkPaid(ctx, victim.ID, h, "shop"); err != nil {
+		t.Fatal(err)
+	}
+	f.pass()
+	if got := f.transferOrder(tr); got == attacker.ID {
+		t.Fatalf("the victim's 999 USDT payment was linked to the attacker's 1 USDT order by a claim made before it was mined")
+	}
+	// Contested: neither order gets it; an operator decides.
+	f.expect(attacker, paywatch.StatusDisputed, paywatch.ReasonAmbiguous)
+	f.expect(victim, paywatch.StatusDisputed, paywatch.ReasonAmbiguous)
+	if why := f.rejection(victim); why != "another order claims the same payment: an operator decides" {
+		t.Fatalf("the second claim: %q", why)
+	}
+	var flags pq.StringArray
+	if err := f.db.Get(&flags, `SELECT flags FROM transfers WHERE id = $1`, tr); err != nil || len(flags) != 1 || flags[0] != "ambiguous" {
+		t.Fatalf("the contested payment's flags %v (%v)", flags, err)
+	}
+	if got := f.balance("suspense:ethereum:USDT"); got != "999000000" {
+		t.Fatalf("suspense %s: the contested payment is not back in the inbox's account", got)
+	}
+}
+
+// R2. Mempool front-running by order creation. The victim's inexact payment
+// (9.99 for a 10.00 order) is visible in the mempool. The attacker creates
+// an order for 9.99, hoping for the pay amount 9.99 exactly: the payment
+// would be mined after the attacker's order exists (the height bound cannot
+// help) and settle it. The unique increment is drawn at random, so the
+// attacker cannot choose it.
+func TestAttackFrontRunOrderForPendingPayment(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	victim := f.order(usdt, 10_000_000)
+	f.clock.Advance(time.Minute)
+	// Victim broadcasts 9.99; the attacker sees it pending and orders 9.99.
+	// The unique increment is drawn at random, not the smallest free one
+	// (a draw of 37 stands for any draw but 0, 99 chances in 100 here).
+	f.store.Rand = func(int) int { return 37 }
+	attacker := f.order(usdt, 9_990_000)
+	if attacker.PayAmount.Int64() == 9_990_000 {
+		t.Fatalf("the attacker chose its pay amount: %s", attacker.PayAmount)
+	}
+	h := hash(f, "victim")
+	tr := f.pay(payment{asset: usdt, to: shop, amount: 9_990_000, tx: h})
+	if _, err := f.store.MarkPaid(ctx, victim.ID, h, "shop"); err != nil {
+		t.Fatal(err)
+	}
+	f.pass()
+	if f.transferOrder(tr) == attacker.ID {
+		t.Fatalf("front-run: the victim's 9.99 settled the attacker's order (%s); victim's claim: %q",
+			statusOf(f, attacker), f.rejection(victim))
+	}
+}
+
+// lyingLookup answers every look-up with what it was told to.
+type lyingLookup struct{ found map[string][]scan.Found }
+
+func (l lyingLookup) LookupTx(_ context.Context, h string) ([]scan.Found, error) {
+	return l.found[h], nil
+}
+
+// R3. What a look-up records is provisional: when the scanner sees the same
+// transfer, what it sees replaces everything the look-up said (amount,
+// recipient, asset, flags). A lying or buggy node answering one look-up
+// must not settle an order on money that never arrived.
+func TestAttackScannerKeepsWhatALookupSaid(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	o := f.order(usdt, 5_000_000)
+	h := hash(f, "tiny")
+	scans := scan.NewStore(f.db)
+	scans.Now = f.clock.Now
+	real := scan.Found{Asset: usdt, TxHash: h, TxKey: "log:0", To: shop, From: "0xattacker",
+		Amount: big.NewInt(1), BlockNumber: 5, BlockHash: "0xb5", BlockTime: f.clock.Now()}
+	lie := real
+	lie.Amount = big.NewInt(5_000_000) // the node inflates the amount
+	f.rec.Lookups = map[string]reconcile.TxLookup{"ethereum": lyingLookup{map[string][]scan.Found{h: {lie}}}}
+	f.rec.Record = scans.Record
+	if _, err := f.store.MarkPaid(ctx, o.ID, h, "shop"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.rec.LookUpHints(ctx); err != nil {
+		t.Fatal(err)
+	}
+	f.pass()
+	f.expect(o, paywatch.StatusConfirming, "") // fine so far: provisional
+	// The honest scanner reaches block 5 and sees the real transfer of 1 unit.
+	if _, err := scans.Commit(ctx, scan.Commit{Network: "ethereum",
+		Batch:  &scan.Batch{Transfers: []scan.Found{real}, Blocks: []scan.Block{{Number: 5, Hash: "0xb5"}}},
+		Cursor: &scan.Block{Number: 5, Hash: "0xb5"}, Head: scan.Head{Number: 8}, ConfirmedAtOrBelow: 5, Window: 128, First: 1,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	f.pass()
+	var amount string
+	if err := f.db.Get(&amount, `SELECT amount::text FROM transfers WHERE tx_hash = $1`, h); err != nil {
+		t.Fatal(err)
+	}
+	if amount != "1" {
+		t.Fatalf("the scanner saw 1 unit, the stored transfer says %s; order is %s, settled balance %s",
+			amount, statusOf(f, o), f.balance("settled:ethereum:USDT"))
+	}
+	// The look-up's 5 USDT matched the order by amount; the scanner's 1 unit
+	// does not: the transfer goes back to the inbox and the order says why.
+	f.expect(o, paywatch.StatusDisputed, paywatch.ReasonOrphanedPayment)
+	if types := f.events(o); !contains(types, "transfer_unmatched") {
+		t.Fatalf("timeline %v", types)
+	}
+	if got := f.balance("settled:ethereum:USDT"); got != "0" {
+		t.Fatalf("settled %s on money that never arrived", got)
+	}
+}
+
+// R4. A look-up sees one transaction, not the block: it cannot check that
+// the balance moved (another transfer to the shop in the same block would
+// make an honest payment look fake). It records no such flag; the scanner,
+// which reads the whole block, decides. An attacker who claims a victim's
+// tx hash on their own order must not make the victim's payment unusable.
+func TestAttackLookupFlagsHonestPaymentForever(t *testing.T) {
+	e := newChainEnv(t)
+	ctx := context.Background()
+	e.sync() // the scanner has a cursor
+	victim := e.order(5_000_000)
+	attacker := e.order(1_000_000)
+	vh := e.token.Transfer(e.chain.Payer, e.shop, big.NewInt(5_000_000)) // the victim's exact payment
+	e.token.Transfer(e.chain.Keys[1], e.shop, big.NewInt(2_000_000))     // someone else, same block
+	e.chain.Mine(1)
+	if _, err := e.store.MarkPaid(ctx, attacker.ID, vh.Hex(), "shop"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.rec.LookUpHints(ctx); err != nil {
+		t.Fatal(err)
+	}
+	e.chain.Mine(4)
+	e.sync()
+	e.sync()
+	var flags pq.StringArray
+	var provisional bool
+	if err := e.db.QueryRow(`SELECT flags, provisional FROM transfers WHERE tx_hash = $1`, strings.ToLower(vh.Hex())).
+		Scan(&flags, &provisional); err != nil {
+		t.Fatal(err)
+	}
+	var all []string
+	_ = e.db.Select(&all, `SELECT amount::text || ' ' || flags::text || ' provisional=' || provisional FROM transfers ORDER BY amount`)
+	t.Logf("stored: %v (the other transfer in the block, which only the scanner recorded, is unflagged)", all)
+	got, _ := e.store.Get(ctx, victim.ID)
+	t.Logf("victim's transfer flags %v provisional=%v; victim order %s; attacker's claim: %q", flags, provisional, got.Status, e.rejection(attacker))
+	if got.Status != paywatch.StatusSettled || len(flags) != 0 || provisional {
+		t.Fatalf("the victim's exact, real, scanned payment does not pay its order (%s): flags %v, provisional %v", got.Status, flags, provisional)
+	}
+}
+
+// R5. A scanner commit landing while the ledger step waits for its lock:
+// the transfers it changed are checked against their matches before their
+// entries are reversed, never after.
+func TestAttackReorgBetweenUnmatchAndLedgerPost(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	o := f.order(btc, 100_000)
+	tr := f.pay(payment{asset: btc, to: o.PayAddress, amount: 100_000, state: "seen"})
+	f.pass()
+	f.expect(o, paywatch.StatusConfirming, "")
+	// Something else holds the ledger lock for a moment (another pass, an
+	// operator's resolve).
+	holder, err := f.db.BeginTxx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := holder.Exec(`SELECT pg_advisory_xact_lock(hashtextextended('paywatch:ledger', 0))`); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { _, err := f.rec.PostLedger(ctx); done <- err }()
+	waitForLockWait(t, f)
+	// The scanner commits a reorg that mined the payment again in block 0,
+	// below the order's creation height (what TestReorgMovingAPaymentBelow
+	// TheOrdersHeight writes).
+	pgtest.Exec(t, f.db, `UPDATE transfers SET block_number = 0, block_hash = '0xnew', state = 'seen', ledger_dirty = true
+		WHERE id = $1`, tr)
+	if err := holder.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	f.setState(tr, "confirmed")
+	f.pass()
+	f.pass()
+	if got := f.transferOrder(tr); got == o.ID {
+		t.Fatalf("a payment in block 0 still pays an order created at height 0: order is %s", statusOf(f, o))
+	}
+}
+
+// R6. Lock order: flagging an ambiguous transfer locks its candidate orders
+// before the transfer, as every path does; an operator attaching at the
+// same moment (order, then transfer) waits, never deadlocks.
+func TestAttackFlagAmbiguousLockOrder(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	first := f.order(usdt, 10_000_000)
+	f.clock.Advance(expires + window + time.Minute) // first's slot is free again
+	f.pass()
+	second := f.order(usdt, 10_000_000)
+	if second.PayAmount.Cmp(first.PayAmount) != 0 {
+		t.Skip("slot not reused")
+	}
+	// Mined in the last minutes of first's window, recorded after second
+	// was created: a candidate of both.
+	tr := f.pay(payment{asset: usdt, to: shop, amount: 10_000_000, blockAgo: 2 * time.Minute})
+	op, err := f.db.BeginTxx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer op.Rollback()
+	// Attach, step 1: lock the order.
+	if _, err := op.Exec(`SELECT 1 FROM orders WHERE id = $1 FOR NO KEY UPDATE`, second.ID); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { _, err := f.rec.Pass(ctx); done <- err }()
+	waitForLockWait(t, f)
+	// Attach, step 2: lock the transfer.
+	_, attachErr := op.Exec(`SELECT 1 FROM transfers WHERE id = $1 FOR UPDATE`, tr)
+	if attachErr == nil {
+		_ = op.Commit()
+	} else {
+		_ = op.Rollback()
+	}
+	passErr := <-done
+	if attachErr != nil || passErr != nil {
+		t.Fatalf("attach: %v; pass: %v", attachErr, passErr)
+	}
+}
+
+// R7. A look-up's block number is bounded by the recorded head: one bogus
+// answer (a lying node, a node on another chain) must not raise the height
+// later orders are created at and make them unpayable.
+func TestAttackLookupAheadOfTheHeadBricksNewOrders(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	claimant := f.order(usdt, 1_000_000)
+	h := hash(f, "far")
+	scans := scan.NewStore(f.db)
+	f.rec.Lookups = map[string]reconcile.TxLookup{"ethereum": lyingLookup{map[string][]scan.Found{h: {{Asset: usdt,
+		TxHash: h, TxKey: "log:0", To: shop, Amount: big.NewInt(3), BlockNumber: 1 << 40, BlockHash: "0xfar", BlockTime: f.clock.Now()}}}}}
+	f.rec.Record = scans.Record
+	if _, err := f.store.MarkPaid(ctx, claimant.ID, h, "shop"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.rec.LookUpHints(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var recorded int
+	if err := f.db.Get(&recorded, `SELECT count(*) FROM transfers WHERE tx_hash = $1`, h); err != nil || recorded != 0 {
+		t.Fatalf("a look-up from block 2^40 was recorded (%d, %v)", recorded, err)
+	}
+	later := f.order(usdt, 7_000_000)
+	f.pay(payment{asset: usdt, to: shop, amount: later.PayAmount.Int64()})
+	f.pass()
+	got, _ := f.store.Get(ctx, later.ID)
+	if got.Status == paywatch.StatusAwaitingPayment {
+		var height sql.NullInt64
+		_ = f.db.Get(&height, `SELECT created_height FROM orders WHERE id = $1`, later.ID)
+		t.Fatalf("an exact, real payment does not pay an order created after a bogus look-up: created_height %d", height.Int64)
+	}
+}
+
+func statusOf(f *fixture, o *paywatch.Order) string {
+	got, err := f.store.Get(context.Background(), o.ID)
+	if err != nil {
+		return err.Error()
+	}
+	return fmt.Sprintf("%s/%s received %s", got.Status, got.DisputeReason, got.ReceivedAmount)
+}
+
+// waitForLockWait waits until some backend waits on a lock.
+func waitForLockWait(t *testing.T, f *fixture) {
+	t.Helper()
+	for i := 0; i < 500; i++ {
+		var n int
+		if err := f.db.Get(&n, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'`); err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatal("nothing waited on a lock")
+}
+
+// R8. A customer who clicks "I've paid" while their transaction sits in a
+// block a reorg just replaced is not rejected for good: the claim waits
+// while its transfers are orphaned, and links when the scanner finds the
+// transaction again.
+func TestAttackClaimRejectedForGoodDuringAReorg(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	o := f.order(usdt, 10_000_000)
+	h := hash(f, "reorged")
+	tr := f.pay(payment{asset: usdt, to: shop, amount: 9_990_000, tx: h, state: "seen"})
+	f.setState(tr, "orphaned") // a reorg; the transaction is mined again above the cursor
+	if _, err := f.store.MarkPaid(ctx, o.ID, h, "shop"); err != nil {
+		t.Fatal(err)
+	}
+	f.pass()
+	// The scanner reaches the new block and sees the transaction again.
+	pgtest.Exec(t, f.db, `UPDATE transfers SET state = 'confirmed', block_number = block_number + 1, block_hash = '0xagain',
+		ledger_dirty = true, orphaned_at = NULL WHERE id = $1`, tr)
+	f.pass()
+	f.pass()
+	if got := f.transferOrder(tr); got != o.ID {
+		t.Fatalf("the customer's own payment, back in the canonical chain, is not linked (claim: %q); order %s",
+			f.rejection(o), statusOf(f, o))
+	}
+}
