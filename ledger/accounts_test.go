@@ -1,8 +1,9 @@
-package ledger
+package ledger_test
 
 import (
 	"testing"
 
+	. "github.com/paywatch/paywatch/ledger"
 	"github.com/paywatch/paywatch/migrations/pgtest"
 )
 
@@ -12,10 +13,10 @@ func TestAccountNamesInSQLAreTheGoNames(t *testing.T) {
 	db := pgtest.New(t)
 	lit := func(s string) string { return "'" + s + "'" }
 	for _, c := range []struct{ sql, want string }{
-		{walletSQL(lit("ethereum"), lit("0xAbC")), Wallet("ethereum", "0xAbC")},
-		{suspenseSQL(lit("bitcoin"), lit("BTC")), Suspense("bitcoin", "BTC")},
-		{orderSQL(lit("ord_x")), Order("ord_x")},
-		{settledSQL(lit("base"), lit("USDC")), Settled("base", "USDC")},
+		{WalletSQL(lit("ethereum"), lit("0xAbC")), Wallet("ethereum", "0xAbC")},
+		{SuspenseSQL(lit("bitcoin"), lit("BTC")), Suspense("bitcoin", "BTC")},
+		{OrderSQL(lit("ord_x")), Order("ord_x")},
+		{SettledSQL(lit("base"), lit("USDC")), Settled("base", "USDC")},
 	} {
 		var got string
 		if err := db.Get(&got, "SELECT "+c.sql); err != nil {

@@ -41,13 +41,6 @@ const (
 	KindRefundAdjustment = "refund_adjustment"
 )
 
-// Account names.
-func Wallet(network, address string) string    { return "wallet:" + network + ":" + address }
-func Suspense(network, asset string) string    { return "suspense:" + network + ":" + asset }
-func Order(id string) string                   { return "order:" + id }
-func Settled(network, asset string) string     { return "settled:" + network + ":" + asset }
-func RefundsOwed(network, asset string) string { return "refunds_owed:" + network + ":" + asset }
-
 // Posting is one line of an entry.
 type Posting struct {
 	Account string
@@ -170,7 +163,7 @@ type Balance struct {
 }
 
 // CreditNormal reports whether an account's natural balance is a credit.
-func CreditNormal(account string) bool { return !strings.HasPrefix(account, "wallet:") }
+func CreditNormal(account string) bool { return !strings.HasPrefix(account, WalletPrefix) }
 
 // Balances sums postings per account and asset for accounts starting with
 // prefix ("" for all), sorted by account.

@@ -10,20 +10,6 @@ import (
 	"github.com/lib/pq"
 )
 
-// Account names built from SQL expressions, exactly as the Go functions
-// build them (a test holds them together): the set-based statements below
-// are the only SQL that names accounts.
-func walletSQL(network, address string) string {
-	return "'wallet:' || " + network + " || ':' || " + address
-}
-func suspenseSQL(network, asset string) string {
-	return "'suspense:' || " + network + " || ':' || " + asset
-}
-func orderSQL(id string) string { return "'order:' || " + id }
-func settledSQL(network, asset string) string {
-	return "'settled:' || " + network + " || ':' || " + asset
-}
-
 // lockSQL serialises the set-based statements of concurrent passes (and of
 // operators' resolutions): each sees what the previous one posted.
 const lockSQL = `SELECT pg_advisory_xact_lock(hashtextextended('paywatch:ledger', 0))`
@@ -139,8 +125,8 @@ WITH need AS (
 	INSERT INTO ledger_postings (entry_id, account, network, asset, amount)
 	SELECT n.eid, v.account, n.network, n.asset, v.amount
 	FROM need n
-	CROSS JOIN LATERAL (VALUES (` + walletSQL("n.network", "n.to_address") + `, n.amount),
-	                           (` + suspenseSQL("n.network", "n.asset") + `, -n.amount)) AS v(account, amount)
+	CROSS JOIN LATERAL (VALUES (` + WalletSQL("n.network", "n.to_address") + `, n.amount),
+	                           (` + SuspenseSQL("n.network", "n.asset") + `, -n.amount)) AS v(account, amount)
 ), mark AS (
 	UPDATE transfers t SET receipt_entry = need.eid FROM need WHERE t.id = need.id
 )
@@ -160,8 +146,8 @@ WITH need AS (
 	INSERT INTO ledger_postings (entry_id, account, network, asset, amount)
 	SELECT n.eid, v.account, n.network, n.asset, v.amount
 	FROM need n
-	CROSS JOIN LATERAL (VALUES (` + suspenseSQL("n.network", "n.asset") + `, n.amount),
-	                           (` + orderSQL("n.order_id") + `, -n.amount)) AS v(account, amount)
+	CROSS JOIN LATERAL (VALUES (` + SuspenseSQL("n.network", "n.asset") + `, n.amount),
+	                           (` + OrderSQL("n.order_id") + `, -n.amount)) AS v(account, amount)
 ), mark AS (
 	UPDATE transfers t SET attribution_entry = need.eid FROM need WHERE t.id = need.id
 )
@@ -198,8 +184,8 @@ WITH s AS (
 )
 INSERT INTO ledger_postings (entry_id, account, network, asset, amount)
 SELECT s.eid, v.account, s.network, s.asset, v.amount
-FROM s CROSS JOIN LATERAL (VALUES (`+orderSQL("s.id")+`, s.amount),
-                                  (`+settledSQL("s.network", "s.asset")+`, -s.amount)) AS v(account, amount)`,
+FROM s CROSS JOIN LATERAL (VALUES (`+OrderSQL("s.id")+`, s.amount),
+                                  (`+SettledSQL("s.network", "s.asset")+`, -s.amount)) AS v(account, amount)`,
 		at, pq.Array(ids), pq.Array(networks), pq.Array(assets), pq.Array(amounts))
 	if err != nil {
 		return fmt.Errorf("post settlements: %w", err)

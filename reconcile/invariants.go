@@ -67,15 +67,15 @@ var Invariants = []Invariant{
 		WHERE before > created_at`, nil},
 	// Wallets and suspense hold exactly what the transfers say.
 	{"wallet balance differs from confirmed transfers", `WITH w AS (
-			SELECT account, network, asset, sum(amount) AS bal FROM ledger_postings WHERE account LIKE 'wallet:%'
+			SELECT account, network, asset, sum(amount) AS bal FROM ledger_postings WHERE account LIKE ` + ledger.KindLikeSQL(ledger.WalletPrefix) + `
 			GROUP BY account, network, asset),
-		t AS (SELECT 'wallet:' || network || ':' || to_address AS account, network, asset, sum(amount) AS bal
+		t AS (SELECT ` + ledger.WalletSQL("network", "to_address") + ` AS account, network, asset, sum(amount) AS bal
 			FROM transfers WHERE state = 'confirmed' GROUP BY 1, 2, 3)
 		SELECT coalesce(w.account, t.account) || ' ledger ' || coalesce(w.bal, 0)::text || ' transfers ' || coalesce(t.bal, 0)::text
 		FROM w FULL JOIN t ON w.account = t.account AND w.asset = t.asset AND w.network = t.network
 		WHERE coalesce(w.bal, 0) <> coalesce(t.bal, 0)`, nil},
 	{"suspense differs from unmatched confirmed transfers", `WITH s AS (
-			SELECT network, asset, -sum(amount) AS bal FROM ledger_postings WHERE account LIKE 'suspense:%'
+			SELECT network, asset, -sum(amount) AS bal FROM ledger_postings WHERE account LIKE ` + ledger.KindLikeSQL(ledger.SuspensePrefix) + `
 			GROUP BY network, asset),
 		t AS (SELECT network, asset, sum(amount) AS bal FROM transfers
 			WHERE state = 'confirmed' AND order_id IS NULL GROUP BY 1, 2)
@@ -86,8 +86,8 @@ var Invariants = []Invariant{
 	// An open order's account holds its confirmed payments; a closed one's
 	// holds nothing.
 	{"order account differs from its payments", `WITH a AS (
-			SELECT substr(account, 7) AS order_id, -sum(amount) AS bal FROM ledger_postings
-			WHERE account LIKE 'order:%' GROUP BY account),
+			SELECT substr(account, ` + fmt.Sprint(len(ledger.OrderPrefix)+1) + `) AS order_id, -sum(amount) AS bal FROM ledger_postings
+			WHERE account LIKE ` + ledger.KindLikeSQL(ledger.OrderPrefix) + ` GROUP BY account),
 		t AS (SELECT order_id, sum(amount) AS bal FROM transfers WHERE order_id IS NOT NULL AND state = 'confirmed' GROUP BY order_id)
 		SELECT o.id || ' (' || o.status || ') holds ' || coalesce(a.bal, 0)::text || ', its confirmed payments ' || coalesce(t.bal, 0)::text
 		FROM orders o LEFT JOIN a ON a.order_id = o.id LEFT JOIN t ON t.order_id = o.id
@@ -97,12 +97,14 @@ var Invariants = []Invariant{
 	// those of refunded ones: never refunds owed for money that never
 	// arrived.
 	{"settled or refunds owed differ from the payments of those orders", `WITH l AS (
-			SELECT split_part(account, ':', 1) AS kind, network, asset, -sum(amount) AS bal FROM ledger_postings
-			WHERE account LIKE 'settled:%' OR account LIKE 'refunds_owed:%' GROUP BY 1, 2, 3),
-		t AS (SELECT CASE o.status WHEN 'settled' THEN 'settled' ELSE 'refunds_owed' END AS kind, t.network, t.asset, sum(t.amount) AS bal
+			SELECT split_part(account, ':', 1) || ':' AS kind, network, asset, -sum(amount) AS bal FROM ledger_postings
+			WHERE account LIKE ` + ledger.KindLikeSQL(ledger.SettledPrefix) + ` OR account LIKE ` + ledger.KindLikeSQL(ledger.RefundsOwedPrefix) + `
+			GROUP BY 1, 2, 3),
+		t AS (SELECT CASE o.status WHEN 'settled' THEN '` + ledger.SettledPrefix + `' ELSE '` + ledger.RefundsOwedPrefix + `' END AS kind,
+			t.network, t.asset, sum(t.amount) AS bal
 			FROM transfers t JOIN orders o ON o.id = t.order_id
 			WHERE o.status IN ('settled', 'refunded') AND t.state = 'confirmed' GROUP BY 1, 2, 3)
-		SELECT coalesce(l.kind, t.kind) || ':' || coalesce(l.network, t.network) || ':' || coalesce(l.asset, t.asset)
+		SELECT coalesce(l.kind, t.kind) || coalesce(l.network, t.network) || ':' || coalesce(l.asset, t.asset)
 			|| ' ledger ' || coalesce(l.bal, 0)::text || ' payments ' || coalesce(t.bal, 0)::text
 		FROM l FULL JOIN t ON l.kind = t.kind AND l.network = t.network AND l.asset = t.asset
 		WHERE coalesce(l.bal, 0) <> coalesce(t.bal, 0)`, nil},
