@@ -99,6 +99,18 @@ const (
 	TransferOrphaned  TransferState = "orphaned"
 )
 
+// Flags the reconciler sets on transfers. (The chain adapters set theirs:
+// dust, and on EVM networks balance_mismatch and balance_unchecked.) Only
+// balance_unchecked lets a transfer match an order by itself.
+const (
+	// FlagAmbiguous: the transfer could pay more than one order, or two
+	// customers claimed it; an operator decides.
+	FlagAmbiguous = "ambiguous"
+	// FlagHeld: the transfer went back to the inbox (an operator's cancel,
+	// or a change that took it from its order); only an operator places it.
+	FlagHeld = "held"
+)
+
 // Transfer is one incoming movement of value seen on chain.
 type Transfer struct {
 	ID            string

@@ -117,7 +117,7 @@ var postReceipts = `
 WITH need AS (
 	SELECT nextval('ledger_entries_id_seq') AS eid, t.id, t.block_hash, t.network, t.asset, t.to_address, t.amount
 	FROM transfers t
-	WHERE t.state = 'confirmed' AND t.receipt_entry IS NULL
+	WHERE t.state = 'confirmed' AND t.receipt_entry IS NULL AND NOT t.ledger_dirty
 ), ins AS (
 	INSERT INTO ledger_entries (id, at, kind, ref, transfer_id)
 	SELECT eid, $1, 'receipt', id || '@' || block_hash || '#' || eid, id FROM need
@@ -138,7 +138,7 @@ var postAttributions = `
 WITH need AS (
 	SELECT nextval('ledger_entries_id_seq') AS eid, t.id, t.block_hash, t.network, t.asset, t.order_id, t.amount
 	FROM transfers t
-	WHERE t.state = 'confirmed' AND t.order_id IS NOT NULL AND t.attribution_entry IS NULL
+	WHERE t.state = 'confirmed' AND t.order_id IS NOT NULL AND t.attribution_entry IS NULL AND NOT t.ledger_dirty
 ), ins AS (
 	INSERT INTO ledger_entries (id, at, kind, ref, transfer_id, order_id)
 	SELECT eid, $1, 'attribution', id || '@' || block_hash || '>' || order_id || '#' || eid, id, order_id FROM need

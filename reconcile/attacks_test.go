@@ -41,20 +41,52 @@ func TestAttackPreClaimTakesAnotherCustomersPayment(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.pass()
-	if got := f.transferOrder(tr); got == attacker.ID {
-		t.Fatalf("the victim's 999 USDT payment was linked to the attacker's 1 USDT order by a claim made before it was mined")
+	// The victim's order waits for about 999 with nothing received: the
+	// attacker's claim links nothing (an operator looks at it), and the
+	// victim's own claim links the payment.
+	if got := f.transferOrder(tr); got != victim.ID {
+		t.Fatalf("the victim's 999 USDT payment is with %q", got)
 	}
-	// Contested: neither order gets it; an operator decides.
+	f.expect(attacker, paywatch.StatusDisputed, paywatch.ReasonAmbiguous)
+	if why := f.rejection(attacker); why != "another order waiting for a payment of about this amount may be owed it: an operator decides" {
+		t.Fatalf("the attacker's claim: %q", why)
+	}
+	f.expect(victim, paywatch.StatusDisputed, paywatch.ReasonUnderpaid)
+}
+
+// R1, after the link: a claim on a payment another customer's claim linked
+// wins nothing either, and takes nothing: the payment goes back to the
+// inbox flagged ambiguous, both orders are disputed ambiguous, and an
+// operator decides.
+func TestAttackContestedClaimGoesToAnOperator(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	attacker := f.order(usdt, 1_000_000) // far from the victim's amount: no rival of the victim's claim
+	victim := f.order(usdt, 10_000_000)
+	h := hash(f, "contested")
+	tr := f.pay(payment{asset: usdt, to: shop, amount: 9_900_000, tx: h}) // 9.90 of 10.00
+	if _, err := f.store.MarkPaid(ctx, victim.ID, h, "shop"); err != nil {
+		t.Fatal(err)
+	}
+	f.pass()
+	f.expect(victim, paywatch.StatusDisputed, paywatch.ReasonUnderpaid)
+	if _, err := f.store.MarkPaid(ctx, attacker.ID, h, "shop"); err != nil {
+		t.Fatal(err)
+	}
+	f.pass()
+	if got := f.transferOrder(tr); got != "" {
+		t.Fatalf("the contested payment is with %s", got)
+	}
 	f.expect(attacker, paywatch.StatusDisputed, paywatch.ReasonAmbiguous)
 	f.expect(victim, paywatch.StatusDisputed, paywatch.ReasonAmbiguous)
-	if why := f.rejection(victim); why != "another order claims the same payment: an operator decides" {
+	if why := f.rejection(attacker); why != "another order claims the same payment: an operator decides" {
 		t.Fatalf("the second claim: %q", why)
 	}
 	var flags pq.StringArray
 	if err := f.db.Get(&flags, `SELECT flags FROM transfers WHERE id = $1`, tr); err != nil || len(flags) != 1 || flags[0] != "ambiguous" {
 		t.Fatalf("the contested payment's flags %v (%v)", flags, err)
 	}
-	if got := f.balance("suspense:ethereum:USDT"); got != "999000000" {
+	if got := f.balance("suspense:ethereum:USDT"); got != "9900000" {
 		t.Fatalf("suspense %s: the contested payment is not back in the inbox's account", got)
 	}
 }
@@ -351,5 +383,307 @@ func TestAttackClaimRejectedForGoodDuringAReorg(t *testing.T) {
 	if got := f.transferOrder(tr); got != o.ID {
 		t.Fatalf("the customer's own payment, back in the canonical chain, is not linked (claim: %q); order %s",
 			f.rejection(o), statusOf(f, o))
+	}
+}
+
+// Attacks found by a second review, after the first fixes.
+
+// V1. Only a claim that could itself have linked a payment contests it: an
+// attacker who opens an order after a victim's short payment was mined and
+// claims its tx hash takes nothing from the victim's linked claim.
+func TestAttackIneligibleClaimContestsAVictimsLinkedPayment(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	victim := f.order(usdt, 10_000_000)
+	h := hash(f, "victim-short")
+	tr := f.pay(payment{asset: usdt, to: shop, amount: 9_990_000, tx: h}) // 9.99 of 10: an exchange took a fee
+	if _, err := f.store.MarkPaid(ctx, victim.ID, h, "shop"); err != nil {
+		t.Fatal(err)
+	}
+	f.pass()
+	if got := f.transferOrder(tr); got != victim.ID {
+		t.Fatalf("the victim's honest claim did not link (%q)", f.rejection(victim))
+	}
+	f.expect(victim, paywatch.StatusDisputed, paywatch.ReasonUnderpaid)
+	// The attacker reads the shop's address on a block explorer and opens an
+	// order now: the payment was mined before it existed.
+	attacker := f.order(usdt, 1_000_000)
+	if _, err := f.store.MarkPaid(ctx, attacker.ID, h, "shop"); err != nil {
+		t.Fatal(err)
+	}
+	f.pass()
+	if got := f.transferOrder(tr); got != victim.ID {
+		t.Fatalf("a claim that could never have linked the payment (it was mined before the claiming order existed) "+
+			"took it from the victim: transfer now on %q; victim %s; attacker's claim: %q",
+			got, statusOf(f, victim), f.rejection(attacker))
+	}
+}
+
+// V2. A pre-claim wins nothing even when the victim does not claim: the
+// attacker orders about the victim's inexact amount, seen in the mempool,
+// and claims its hash; the victim's order, waiting for about that amount
+// with nothing received, may be owed it, so the claim links nothing.
+func TestAttackUncontestedPreClaimTakesAVictimsShortPayment(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	victim := f.order(usdt, 10_000_000)
+	if _, err := f.store.MarkPaid(ctx, victim.ID, "", "shop"); err != nil { // "I've paid", no hash
+		t.Fatal(err)
+	}
+	h := hash(f, "victim-pending")
+	// In the mempool: 9.99 to the shop. The attacker orders 9.99 and claims.
+	f.store.Rand = func(int) int { return 3 } // any draw: the pay amount is 9.99 + k units
+	attacker := f.order(usdt, 9_990_000)
+	if _, err := f.store.MarkPaid(ctx, attacker.ID, h, "shop"); err != nil {
+		t.Fatal(err)
+	}
+	tr := f.pay(payment{asset: usdt, to: shop, amount: 9_990_000, tx: h}) // mined
+	f.pass()
+	f.clock.Advance(grace + time.Minute)
+	f.pass()
+	if got := f.transferOrder(tr); got == attacker.ID {
+		t.Fatalf("the victim's payment pays the attacker's order (%s; short by %d units of %s); victim's order %s",
+			statusOf(f, attacker), attacker.PayAmount.Int64()-9_990_000, attacker.PayAmount, statusOf(f, victim))
+	}
+}
+
+// V3. Money an operator releases (a dispute resolved as cancelled) is held
+// in the inbox for an operator to place: no customer's claim takes it.
+func TestAttackReleasedPaymentIsTakenByTheNextClaim(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	attacker := f.order(usdt, 5_000_000) // open, created before the payment
+	victim := f.order(usdt, 10_000_000)
+	h := hash(f, "victim-short")
+	tr := f.pay(payment{asset: usdt, to: shop, amount: 9_990_000, tx: h})
+	if _, err := f.store.MarkPaid(ctx, victim.ID, h, "shop"); err != nil {
+		t.Fatal(err)
+	}
+	f.pass()
+	f.expect(victim, paywatch.StatusDisputed, paywatch.ReasonUnderpaid)
+	// The customer gives up; the operator cancels and will refund by hand.
+	if err := f.op.Resolve(ctx, victim.ID, paywatch.StatusCancelled, "customer cancelled; refund from the inbox", "op"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.store.MarkPaid(ctx, attacker.ID, h, "shop"); err != nil {
+		t.Fatal(err)
+	}
+	f.pass()
+	if got := f.transferOrder(tr); got == attacker.ID {
+		t.Fatalf("money an operator released to the inbox was taken by a customer's claim: attacker %s", statusOf(f, attacker))
+	}
+}
+
+// V4. A look-up's answer never moves the height orders are created at, even
+// before any head is recorded: a lying node cannot make later orders
+// unpayable.
+func TestAttackLookupBeforeAnyHeadBricksNewOrdersForever(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	// The scanner's first step failed: the row exists, no head yet.
+	pgtest.Exec(t, f.db, `UPDATE chain_cursors SET head = NULL, block_number = NULL WHERE network = 'ethereum'`)
+	claimant := f.order(usdt, 1_000_000)
+	h := hash(f, "far")
+	scans := scan.NewStore(f.db)
+	f.rec.Lookups = map[string]reconcile.TxLookup{"ethereum": lyingLookup{map[string][]scan.Found{h: {{Asset: usdt,
+		TxHash: h, TxKey: "log:0", To: shop, Amount: big.NewInt(3), BlockNumber: 1 << 40, BlockHash: "0xfar", BlockTime: f.clock.Now()}}}}}
+	f.rec.Record = scans.Record
+	if _, err := f.store.MarkPaid(ctx, claimant.ID, h, "shop"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.rec.LookUpHints(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The node recovers; the scanner records its head.
+	pgtest.Exec(t, f.db, `UPDATE chain_cursors SET head = 0 WHERE network = 'ethereum'`)
+	later := f.order(usdt, 7_000_000)
+	tr := f.pay(payment{asset: usdt, to: shop, amount: later.PayAmount.Int64()})
+	f.pass()
+	if got := f.transferOrder(tr); got != later.ID {
+		var height int64
+		_ = f.db.Get(&height, `SELECT created_height FROM orders WHERE id = $1`, later.ID)
+		t.Fatalf("an exact, real payment does not pay an order created after a bogus look-up (no head recorded yet): "+
+			"created_height %d; order %s", height, statusOf(f, later))
+	}
+}
+
+// V5. Nor does one from within MaxLookupLead of the head.
+func TestAttackLookupWithinTheLeadBricksNewOrders(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	claimant := f.order(usdt, 1_000_000)
+	h := hash(f, "ahead")
+	scans := scan.NewStore(f.db)
+	f.rec.Lookups = map[string]reconcile.TxLookup{"ethereum": lyingLookup{map[string][]scan.Found{h: {{Asset: usdt,
+		TxHash: h, TxKey: "log:0", To: shop, Amount: big.NewInt(3), BlockNumber: scan.MaxLookupLead, BlockHash: "0xahead",
+		BlockTime: f.clock.Now()}}}}}
+	f.rec.Record = scans.Record
+	if _, err := f.store.MarkPaid(ctx, claimant.ID, h, "shop"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.rec.LookUpHints(ctx); err != nil {
+		t.Fatal(err)
+	}
+	later := f.order(usdt, 7_000_000)
+	tr := f.pay(payment{asset: usdt, to: shop, amount: later.PayAmount.Int64()}) // mined in the next block
+	f.pass()
+	if got := f.transferOrder(tr); got != later.ID {
+		var height int64
+		_ = f.db.Get(&height, `SELECT created_height FROM orders WHERE id = $1`, later.ID)
+		t.Fatalf("an exact payment mined right after the order does not pay it: created_height %d (head was 0); order %s",
+			height, statusOf(f, later))
+	}
+}
+
+// V6. An exact match wins over a claim in the payment's final form too: a
+// lying look-up shows a victim's exact payment with another amount, the
+// attacker's claim links it; when the scanner records the real amount, the
+// payment goes to the victim's order.
+func TestAttackScannerCorrectionKeepsAClaimOnAnotherOrdersExactPayment(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	attacker := f.order(usdt, 1_000_000)
+	victim := f.order(usdt, 5_000_000)
+	h := hash(f, "victim-exact")
+	scans := scan.NewStore(f.db)
+	scans.Now = f.clock.Now
+	real := scan.Found{Asset: usdt, TxHash: h, TxKey: "log:0", To: shop, From: "0xvictim",
+		Amount: new(big.Int).Set(victim.PayAmount), BlockNumber: 5, BlockHash: "0xb5", BlockTime: f.clock.Now()}
+	lie := real
+	lie.Amount = big.NewInt(4_000_000)
+	f.rec.Lookups = map[string]reconcile.TxLookup{"ethereum": lyingLookup{map[string][]scan.Found{h: {lie}}}}
+	f.rec.Record = scans.Record
+	if _, err := f.store.MarkPaid(ctx, attacker.ID, h, "shop"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.rec.LookUpHints(ctx); err != nil {
+		t.Fatal(err)
+	}
+	f.pass()
+	if _, err := scans.Commit(ctx, scan.Commit{Network: "ethereum",
+		Batch:  &scan.Batch{Transfers: []scan.Found{real}, Blocks: []scan.Block{{Number: 5, Hash: "0xb5"}}},
+		Cursor: &scan.Block{Number: 5, Hash: "0xb5"}, Head: scan.Head{Number: 8}, ConfirmedAtOrBelow: 5, Window: 128, First: 1,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	f.pass()
+	f.pass()
+	var tr string
+	if err := f.db.Get(&tr, `SELECT id FROM transfers WHERE tx_hash = $1`, h); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.transferOrder(tr); got != victim.ID {
+		t.Fatalf("the victim's exact payment (as the scanner sees it) is on %q, not the victim's order: attacker %s, victim %s",
+			got, statusOf(f, attacker), statusOf(f, victim))
+	}
+}
+
+// V7. Matching locks every order it will pay before any transfer, so an
+// operator's attach (order, then transfer) at that moment waits, never
+// deadlocks.
+func TestAttackMatchLocksATransferBeforeItsOrders(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	a, b := f.order(usdt, 5_000_000), f.order(usdt, 6_000_000)
+	lo, hi := a, b
+	if hi.ID < lo.ID {
+		lo, hi = hi, lo
+	}
+	ta := f.pay(payment{asset: usdt, to: shop, amount: lo.PayAmount.Int64()}) // read first, pays the first order locked
+	f.pay(payment{asset: usdt, to: shop, amount: hi.PayAmount.Int64()})
+	op, err := f.db.BeginTxx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer op.Rollback()
+	if _, err := op.Exec(`SET LOCAL deadlock_timeout = '100ms'`); err != nil {
+		t.Fatal(err)
+	}
+	// An operator's action, step 1: lock its order (hi).
+	if _, err := op.Exec(`SELECT 1 FROM orders WHERE id = $1 FOR NO KEY UPDATE`, hi.ID); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { _, err := f.rec.Pass(ctx); done <- err }()
+	waitForLockWait(t, f)
+	// Step 2: the transfer (Attach's FOR UPDATE; Resolve's receipt UPDATE).
+	_, opErr := op.Exec(`SELECT 1 FROM transfers WHERE id = $1 FOR UPDATE`, ta)
+	if opErr == nil {
+		_ = op.Commit()
+	} else {
+		_ = op.Rollback()
+	}
+	passErr := <-done
+	if opErr != nil || passErr != nil {
+		t.Fatalf("operator: %v; pass: %v", opErr, passErr)
+	}
+}
+
+// V8. A claim on an order whose network's height is not known yet waits
+// for the scanner to record it, instead of being rejected for good.
+func TestAttackClaimRejectedBeforeTheHeightIsKnown(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	pgtest.Exec(t, f.db, `UPDATE chain_cursors SET head = NULL, block_number = NULL WHERE network = 'ethereum'`)
+	o := f.order(usdt, 10_000_000)
+	h := hash(f, "honest-short")
+	scans := scan.NewStore(f.db)
+	scans.Now = f.clock.Now
+	found := scan.Found{Asset: usdt, TxHash: h, TxKey: "log:0", To: shop, From: "0xcustomer",
+		Amount: big.NewInt(9_990_000), BlockNumber: 7, BlockHash: "0xb7", BlockTime: f.clock.Now()}
+	f.rec.Lookups = map[string]reconcile.TxLookup{"ethereum": lyingLookup{map[string][]scan.Found{h: {found}}}} // an honest node
+	f.rec.Record = scans.Record
+	if _, err := f.store.MarkPaid(ctx, o.ID, h, "shop"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.rec.LookUpHints(ctx); err != nil {
+		t.Fatal(err)
+	}
+	f.pass()
+	// The scanner starts at block 5 and sees the same transfer in block 7.
+	if _, err := scans.Commit(ctx, scan.Commit{Network: "ethereum",
+		Batch:  &scan.Batch{Transfers: []scan.Found{found}, Blocks: []scan.Block{{Number: 7, Hash: "0xb7"}}},
+		Cursor: &scan.Block{Number: 10, Hash: "0xb10"}, Head: scan.Head{Number: 12}, ConfirmedAtOrBelow: 10, Window: 128, First: 5,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	f.pass()
+	var height int64
+	_ = f.db.Get(&height, `SELECT created_height FROM orders WHERE id = $1`, o.ID)
+	var linked bool
+	_ = f.db.Get(&linked, `SELECT EXISTS (SELECT 1 FROM transfers WHERE tx_hash = $1 AND order_id = $2)`, h, o.ID)
+	if !linked {
+		t.Fatalf("the customer's own payment (block 7, order created at height %d once known) is not linked: claim %q; order %s",
+			height, f.rejection(o), statusOf(f, o))
+	}
+}
+
+// V9. The unique increment is drawn uniformly among the free ones: a free k
+// right after a run of held ones is no likelier than any other.
+func TestAttackUniqueIncrementIsUniformAmongTheFreeOnes(t *testing.T) {
+	f := newFixture(t)
+	const amount = 20_000_000
+	for k := 1; k <= 50; k++ {
+		f.store.Rand = func(int) int { return 1 } // the second free slot: k, once 1 … k-1 are held
+		if o := f.order(usdt, amount); o.PayAmount.Int64() != amount+int64(k) {
+			t.Fatalf("setup: drew %d", o.PayAmount.Int64()-amount)
+		}
+	}
+	drawn := map[int64]int{}
+	for s := 0; s < usdt.UniqueSlots; s++ {
+		f.store.Rand = func(n int) int { return s % n }
+		o := f.order(usdt, amount)
+		drawn[o.PayAmount.Int64()-amount]++
+		for _, q := range []string{`DELETE FROM amount_slots WHERE order_id = $1`, `DELETE FROM webhook_outbox WHERE order_id = $1`,
+			`DELETE FROM order_events WHERE order_id = $1`, `DELETE FROM orders WHERE id = $1`} {
+			pgtest.Exec(t, f.db, q, o.ID)
+		}
+	}
+	free := usdt.UniqueSlots - 50
+	for k, n := range drawn {
+		if n > 2*usdt.UniqueSlots/free {
+			t.Fatalf("k=%d is drawn by %d of %d equally likely draws; %d slots are free (uniform: %d each)",
+				k, n, usdt.UniqueSlots, free, usdt.UniqueSlots/free)
+		}
 	}
 }

@@ -1,6 +1,9 @@
 package reconcile
 
-import "strings"
+import (
+	"strconv"
+	"strings"
+)
 
 // A transfer t can pay an order o only when every one of these holds. The
 // matching statements, the check of customers' tx hash claims and the
@@ -8,12 +11,14 @@ import "strings"
 // claim says which condition failed (why).
 //
 // The height bound is one a customer cannot game: created_height is the
-// height the network had reached, as far as paywatch had recorded it, when
-// the order was created, so a transfer mined before the order existed
+// height the network had reached, as far as the scanner had recorded it,
+// when the order was created, so a transfer mined before the order existed
 // never pays it (a victim's short payment waiting in the inbox cannot be
-// claimed by creating an order for exactly that amount). Block timestamps
-// are not that bound (Bitcoin's can be hours off); earliest_block_time only
-// narrows the case of a head recorded late.
+// claimed by creating an order for exactly that amount). Nor does anything
+// paywatch had recorded before the order was created, whatever its block
+// (a look-up's answer from a block the scanner has not reached). Block
+// timestamps are not the bound (Bitcoin's can be hours off);
+// earliest_block_time only narrows the case of a head recorded late.
 var eligibility = []rule{
 	{ruleAsset, "it paid another network or asset",
 		`{t}.network = {o}.network AND {t}.asset = {o}.asset AND {t}.asset_contract = {o}.asset_contract`},
@@ -26,6 +31,8 @@ var eligibility = []rule{
 	{ruleAfterCreation, "it was mined before the order was created",
 		`{o}.created_height IS NOT NULL AND {t}.block_number > {o}.created_height
 		AND ({t}.block_time IS NULL OR {t}.block_time >= {o}.earliest_block_time)`},
+	{ruleRecordedAfter, "paywatch had recorded it before the order was created",
+		`{t}.first_seen_at >= {o}.created_at`},
 	{ruleInWindow, "it was mined after the order's monitoring window ended",
 		`coalesce({t}.block_time, {t}.first_seen_at) <= {o}.monitor_until`},
 }
@@ -42,6 +49,7 @@ const (
 	ruleLive          = "live"
 	ruleFlags         = "flags"
 	ruleAfterCreation = "after_creation"
+	ruleRecordedAfter = "recorded_after"
 	ruleInWindow      = "in_window"
 )
 
@@ -108,4 +116,22 @@ func exactElsewhere(t, o string) string {
 	return `EXISTS (SELECT 1 FROM orders o2 WHERE o2.id <> ` + o + `.id AND o2.network = ` + t + `.network
 		AND o2.asset = ` + t + `.asset AND o2.pay_address = ` + t + `.to_address AND o2.pay_amount = ` + t + `.amount
 		AND o2.unique_k IS NOT NULL AND ` + eligible(t, "o2") + `)`
+}
+
+// ClaimTolerance is how far (a fraction of its pay amount) another order's
+// pay amount may be from a claimed payment for that order to count as
+// possibly owed it: a claim never links a payment such an order, waiting
+// with nothing received, could be owed.
+const ClaimTolerance = 0.10
+
+// waitingElsewhere is the SQL condition that transfer t, on a shared
+// address, could pay another order than o that waits for a payment of
+// about its amount and holds none.
+func waitingElsewhere(t, o string) string {
+	return `EXISTS (SELECT 1 FROM orders o3 WHERE o3.id <> ` + o + `.id AND o3.network = ` + t + `.network
+		AND o3.asset = ` + t + `.asset AND o3.pay_address = ` + t + `.to_address AND o3.unique_k IS NOT NULL
+		AND o3.status IN ('awaiting_payment', 'expired', 'disputed')
+		AND abs(` + t + `.amount - o3.pay_amount) <= o3.pay_amount * ` + strconv.FormatFloat(ClaimTolerance, 'f', -1, 64) + `
+		AND NOT EXISTS (SELECT 1 FROM transfers t3 WHERE t3.order_id = o3.id AND t3.state <> 'orphaned')
+		AND ` + eligible(t, "o3") + `)`
 }

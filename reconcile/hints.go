@@ -56,6 +56,7 @@ const (
 	whyMatchedElsewhere = "it is matched to another order"
 	whyExactElsewhere   = "it is the exact pay amount of another order"
 	whyContested        = "another order claims the same payment: an operator decides"
+	whyWaitingElsewhere = "another order waiting for a payment of about this amount may be owed it: an operator decides"
 	whyClosed           = "the order is closed"
 	whyNotFound         = "no payment with this transaction hash was on the chain when the order's monitoring window ended"
 )
@@ -140,6 +141,9 @@ type claimed struct {
 	Flags          pq.StringArray `db:"flags"`
 	Fails          pq.BoolArray   `db:"fails"` // per eligibility rule: does it fail?
 	ExactElsewhere bool           `db:"exact_elsewhere"`
+	// WaitingElsewhere: another order on the shared address, holding no
+	// payment yet, could be paid by it and asks about as much.
+	WaitingElsewhere bool `db:"waiting_elsewhere"`
 }
 
 // why says why the transfer cannot be linked to the order (it is free: no
@@ -168,7 +172,8 @@ var claimQuery = func() string {
 	}
 	return `SELECT t.id, t.order_id, t.match_kind, t.flags,
 		ARRAY[` + strings.Join(fails, ", ") + `] AS fails,
-		` + exactElsewhere("t", "o") + ` AS exact_elsewhere
+		` + exactElsewhere("t", "o") + ` AS exact_elsewhere,
+		` + waitingElsewhere("t", "o") + ` AS waiting_elsewhere
 	FROM orders o JOIN transfers t ON t.network = o.network AND t.tx_hash = o.tx_hash_hint
 	WHERE o.id = $1 AND t.state <> 'orphaned' ORDER BY t.idx, t.id FOR UPDATE OF t`
 }()
@@ -176,10 +181,14 @@ var claimQuery = func() string {
 // followHint decides one claim inside tx. It returns the transfers linked
 // and whether the claim is decided.
 //
-// A transfer another customer's claim already linked is contested: neither
-// order gets it. It goes back to the inbox flagged ambiguous, and each of
-// the two orders that holds no other payment is disputed ambiguous, for an
-// operator to decide. Whoever claims first wins nothing.
+// A claim that could link the transfer (eligible, no other order's exact
+// amount) but finds it linked by another customer's claim contests it:
+// neither order gets it. It goes back to the inbox flagged ambiguous, and
+// each of the two orders that holds no other payment is disputed
+// ambiguous, for an operator to decide. Whoever claims first wins nothing.
+// Nor does a claim on a payment that another order, waiting for about that
+// amount with nothing received, could be owed: the claim links nothing and
+// its order is disputed ambiguous.
 func followHint(ctx context.Context, tx *sqlx.Tx, orderID string, now time.Time) (int64, bool, error) {
 	// The orders involved are locked first, in id order: this one, and any
 	// another claim linked this transaction's transfers to.
@@ -193,12 +202,18 @@ func followHint(ctx context.Context, tx *sqlx.Tx, orderID string, now time.Time)
 	if err != nil {
 		return 0, false, err
 	}
-	var state *string
-	if err := tx.GetContext(ctx, &state, `SELECT hint_state FROM orders WHERE id = $1`, orderID); err != nil {
+	var o struct {
+		State  *string `db:"hint_state"`
+		Height *int64  `db:"created_height"`
+	}
+	if err := tx.GetContext(ctx, &o, `SELECT hint_state, created_height FROM orders WHERE id = $1`, orderID); err != nil {
 		return 0, false, err
 	}
-	if state == nil || *state != hintPending {
+	if o.State == nil || *o.State != hintPending {
 		return 0, false, nil // decided meanwhile
+	}
+	if o.Height == nil {
+		return 0, false, nil // the network's height at creation is not known yet: wait for the scanner
 	}
 	var found []claimed
 	if err := tx.SelectContext(ctx, &found, claimQuery, orderID); err != nil {
@@ -210,12 +225,18 @@ func followHint(ctx context.Context, tx *sqlx.Tx, orderID string, now time.Time)
 	status := statuses[orderID]
 	var link []string
 	var contested []claimed
-	already, first := false, ""
+	already, waiting, first := false, false, ""
 	for _, c := range found {
+		byClaim := c.MatchKind != nil && *c.MatchKind == "hint"
+		why := c.why()
 		switch {
 		case c.OrderID != nil && *c.OrderID == orderID:
 			already = true
-		case c.OrderID != nil && c.MatchKind != nil && *c.MatchKind == "hint":
+		case c.OrderID != nil && !byClaim:
+			first = cmp.Or(first, whyMatchedElsewhere)
+		case why != "":
+			first = cmp.Or(first, why) // a claim that could not link it contests nothing
+		case c.OrderID != nil:
 			other, locked := statuses[*c.OrderID]
 			if !locked {
 				return 0, false, nil // linked by a claim meanwhile: decide next pass
@@ -225,20 +246,23 @@ func followHint(ctx context.Context, tx *sqlx.Tx, orderID string, now time.Time)
 				continue
 			}
 			contested = append(contested, c)
-		case c.OrderID != nil:
-			first = cmp.Or(first, whyMatchedElsewhere)
 		case status.Terminal():
 			first = cmp.Or(first, whyClosed)
+		case c.WaitingElsewhere:
+			waiting = true
+			first = cmp.Or(first, whyWaitingElsewhere)
 		default:
-			if why := c.why(); why != "" {
-				first = cmp.Or(first, why)
-			} else {
-				link = append(link, c.ID)
-			}
+			link = append(link, c.ID)
 		}
 	}
 	if len(contested) > 0 {
 		return 0, true, contest(ctx, tx, orderID, contested, now)
+	}
+	if waiting && len(link) == 0 && !already {
+		if err := rejectHint(ctx, tx, orderID, now, whyWaitingElsewhere, found); err != nil {
+			return 0, false, err
+		}
+		return 0, true, disputeIfBare(ctx, tx, []string{orderID}, now)
 	}
 	if len(link) == 0 && !already {
 		return 0, true, rejectHint(ctx, tx, orderID, now, first, found)
@@ -294,6 +318,12 @@ func contest(ctx context.Context, tx *sqlx.Tx, orderID string, contested []claim
 	if err := queueReviews(ctx, tx, now, involved); err != nil {
 		return err
 	}
+	return disputeIfBare(ctx, tx, involved, now)
+}
+
+// disputeIfBare disputes as ambiguous each of the locked orders that holds
+// no live payment and may move so.
+func disputeIfBare(ctx context.Context, tx *sqlx.Tx, involved []string, now time.Time) error {
 	var bare []struct {
 		ID     string  `db:"id"`
 		Status string  `db:"status"`

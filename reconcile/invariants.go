@@ -53,7 +53,8 @@ var Invariants = []Invariant{
 	{"transfer matched to an order created after it was mined", `SELECT t.id || ' in block ' || t.block_number
 			|| ' matched by ' || coalesce(t.match_kind, '?') || ' to ' || o.id || ' created at height ' || coalesce(o.created_height::text, 'unknown')
 		FROM transfers t JOIN orders o ON o.id = t.order_id
-		WHERE coalesce(t.match_kind, '') <> 'operator' AND (o.created_height IS NULL OR t.block_number <= o.created_height)`, nil},
+		WHERE coalesce(t.match_kind, '') <> 'operator'
+			AND (o.created_height IS NULL OR t.block_number <= o.created_height OR t.first_seen_at < o.created_at)`, nil},
 	// A transfer a look-up recorded ahead of the scanner confirms only once
 	// the scanner has seen it.
 	{"provisional transfer confirmed", `SELECT id FROM transfers WHERE provisional AND state = 'confirmed'`, nil},

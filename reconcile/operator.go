@@ -95,7 +95,8 @@ func (op *Operator) Attach(ctx context.Context, transferID, orderID, note, actor
 			return paywatch.Errorf(paywatch.CodeInvalidState, "order %s is %s; nothing can be attached to it", orderID, status)
 		}
 		if _, err := tx.ExecContext(ctx, `UPDATE transfers SET order_id = $2, match_kind = 'operator',
-			flags = array_remove(flags, 'ambiguous'), updated_at = $3 WHERE id = $1`, transferID, orderID, now); err != nil {
+			flags = array_remove(array_remove(flags, 'ambiguous'), '`+paywatch.FlagHeld+`'), updated_at = $3 WHERE id = $1`,
+			transferID, orderID, now); err != nil {
 			return fmt.Errorf("attach: %w", err)
 		}
 		if err := queueReviews(ctx, tx, now, []string{orderID}); err != nil {
@@ -162,9 +163,9 @@ func (op *Operator) Resolve(ctx context.Context, orderID string, outcome paywatc
 		}
 		if outcome == paywatch.StatusCancelled {
 			// The money is no longer this order's: its transfers go back to
-			// the inbox for an operator to place.
+			// the inbox, held for an operator to place (no claim takes them).
 			if _, err := tx.ExecContext(ctx, `UPDATE transfers SET order_id = NULL, match_kind = NULL, attribution_entry = NULL,
-				updated_at = $2 WHERE order_id = $1`, orderID, now); err != nil {
+				flags = `+holdSQL("flags")+`, updated_at = $2 WHERE order_id = $1`, orderID, now); err != nil {
 				return fmt.Errorf("detach transfers: %w", err)
 			}
 		}

@@ -82,14 +82,47 @@ func (r *Reconciler) now() time.Time { return r.Now().UTC().Truncate(time.Micros
 
 // Pass runs one reconciliation: match, follow claims, post ledger entries,
 // move orders.
+//
+// A step can give the one before it work: a transfer the ledger step takes
+// from an order it no longer pays may be another order's exact payment, an
+// order a reorg moved back to confirming takes top-ups again. So the steps
+// run in rounds until a round changes nothing (at most maxRounds): a pass
+// right after another changes nothing.
 func (r *Reconciler) Pass(ctx context.Context) (Result, error) {
 	now := r.now()
+	var total Result
+	for round := 0; round < maxRounds; round++ {
+		res, err := r.round(ctx, now)
+		total.Matched += res.Matched
+		total.Ambiguous += res.Ambiguous
+		total.Claims += res.Claims
+		total.Entries += res.Entries
+		total.Transitions += res.Transitions
+		if err != nil {
+			return total, err
+		}
+		if res == (Result{}) {
+			break
+		}
+	}
+	if total != (Result{}) {
+		r.log.Info("reconciled", "matched", total.Matched, "ambiguous", total.Ambiguous, "claims", total.Claims,
+			"entries", total.Entries, "transitions", total.Transitions)
+	}
+	return total, nil
+}
+
+// maxRounds bounds the rounds of a pass; what is left waits for the next.
+const maxRounds = 4
+
+// round runs each step of a pass once.
+func (r *Reconciler) round(ctx context.Context, now time.Time) (Result, error) {
 	var res Result
 	var err error
 	if res.Ambiguous, err = r.flagAmbiguous(ctx, now); err != nil {
 		return res, fmt.Errorf("flag ambiguous transfers: %w", err)
 	}
-	if res.Matched, err = r.exec(ctx, matchTransfers, now); err != nil {
+	if res.Matched, err = r.match(ctx, now); err != nil {
 		return res, fmt.Errorf("match transfers: %w", err)
 	}
 	linked, decided, err := r.followHints(ctx, now)
@@ -103,14 +136,7 @@ func (r *Reconciler) Pass(ctx context.Context) (Result, error) {
 	}
 	n, err := r.transitions(ctx, now)
 	res.Transitions = n
-	if err != nil {
-		return res, err
-	}
-	if res != (Result{}) {
-		r.log.Info("reconciled", "matched", res.Matched, "ambiguous", res.Ambiguous, "claims", res.Claims,
-			"entries", res.Entries, "transitions", res.Transitions)
-	}
-	return res, nil
+	return res, err
 }
 
 // PostLedger brings the ledger up to date with the transfers: reversals of
@@ -166,23 +192,27 @@ func queueReviews(ctx context.Context, ex sqlx.ExecerContext, now time.Time, ord
 // flagAmbiguous locks the orders that ambiguous transfers could pay, then
 // flags the transfers and disputes the orders, in one transaction.
 func (r *Reconciler) flagAmbiguous(ctx context.Context, now time.Time) (int64, error) {
+	return r.lockThen(ctx, now, ambiguousOrders, flagAmbiguous)
+}
+
+// match locks the orders transfers would pay, then ties the transfers to
+// them, in one transaction.
+func (r *Reconciler) match(ctx context.Context, now time.Time) (int64, error) {
+	return r.lockThen(ctx, now, matchOrders, matchTransfers)
+}
+
+// lockThen runs lock (a SELECT … FOR NO KEY UPDATE of order ids) and then
+// apply over the orders it locked ($3), in one transaction; both take the
+// pass's parameters: $1 now, $2 the oldest first_seen_at that may still
+// match.
+func (r *Reconciler) lockThen(ctx context.Context, now time.Time, lock, apply string) (int64, error) {
 	var n int64
 	err := pg.Tx(ctx, r.db, func(tx *sqlx.Tx) error {
 		var locked []string
-		if err := tx.SelectContext(ctx, &locked, ambiguousOrders, now, now.Add(-r.Lookback)); err != nil || len(locked) == 0 {
+		if err := tx.SelectContext(ctx, &locked, lock, now, now.Add(-r.Lookback)); err != nil || len(locked) == 0 {
 			return err
 		}
-		return tx.GetContext(ctx, &n, flagAmbiguous, now, now.Add(-r.Lookback), pq.Array(locked))
+		return tx.GetContext(ctx, &n, apply, now, now.Add(-r.Lookback), pq.Array(locked))
 	})
 	return n, err
-}
-
-// exec runs one set-based statement with the pass's parameters: $1 now,
-// $2 the oldest first_seen_at that may still match.
-func (r *Reconciler) exec(ctx context.Context, query string, now time.Time) (int64, error) {
-	var n int64
-	if err := r.db.GetContext(ctx, &n, query, now, now.Add(-r.Lookback)); err != nil {
-		return 0, err
-	}
-	return n, nil
 }

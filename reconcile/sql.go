@@ -1,8 +1,17 @@
 package reconcile
 
-import "strings"
+import (
+	"strings"
+
+	"github.com/paywatch/paywatch"
+)
 
 // The set-based statements of a pass. $1 is the pass's time throughout.
+
+// holdSQL adds the held flag to a flags expression, once.
+func holdSQL(flags string) string {
+	return `array_append(array_remove(` + flags + `, '` + paywatch.FlagHeld + `'), '` + paywatch.FlagHeld + `')`
+}
 
 // quoteSQL renders a constant string as an SQL literal.
 func quoteSQL(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
@@ -52,24 +61,31 @@ WITH amb AS (
 )
 SELECT count(*) FROM flagged`
 
-// matchTransfers ties each transfer with exactly one candidate order to it.
-// The orders are locked first (in id order), and only those still open
-// once locked take a transfer: a cancel in flight and a match never both
-// happen, and every path that ties a transfer to an order locks the order
-// before the transfer. Orders whose new payment waits for confirmations are
-// queued for review; confirmed ones are queued when the ledger attributes
-// them.
+// matchOrders locks, in id order, the orders that transfers with exactly
+// one candidate would pay, and returns those still open once locked: a
+// cancel in flight and a match never both happen. It runs before
+// matchTransfers, in the same transaction, so that every path that ties a
+// transfer to an order locks the order before the transfer.
+var matchOrders = `
+WITH cand AS (
+	SELECT tid, min(oid) AS oid` + candidates + `
+	GROUP BY tid HAVING count(*) = 1
+)
+SELECT o.id FROM orders o
+WHERE o.id IN (SELECT oid FROM cand) AND o.status IN ` + openStatuses + ` AND $1::timestamptz IS NOT NULL
+ORDER BY o.id FOR NO KEY UPDATE`
+
+// matchTransfers ties each transfer with exactly one candidate order, among
+// the orders locked ($3), to it. Orders whose new payment waits for
+// confirmations are queued for review; confirmed ones are queued when the
+// ledger attributes them.
 var matchTransfers = `
 WITH cand AS (
 	SELECT tid, min(oid) AS oid, min(kind) AS kind` + candidates + `
 	GROUP BY tid HAVING count(*) = 1
-), locked AS (
-	SELECT o.id FROM orders o
-	WHERE o.id IN (SELECT oid FROM cand) AND o.status IN ` + openStatuses + `
-	ORDER BY o.id FOR NO KEY UPDATE
 ), matched AS (
 	UPDATE transfers t SET order_id = cand.oid, match_kind = cand.kind, updated_at = $1
-	FROM cand WHERE t.id = cand.tid AND cand.oid IN (SELECT id FROM locked)
+	FROM cand WHERE t.id = cand.tid AND cand.oid = ANY($3::text[])
 		AND t.order_id IS NULL AND t.state <> 'orphaned'
 	RETURNING t.id, t.order_id, t.tx_hash, t.amount, t.state
 ), ev AS (
@@ -107,12 +123,14 @@ const factsGroup = `l.id, l.status, l.dispute_reason, l.pay_amount, l.accepted_a
 // scanner changed ($2: orphaned, mined again elsewhere, or a look-up's
 // provisional record corrected by what the scanner saw), those that no
 // longer meet the rule they were matched by: a block their order cannot be
-// paid from, another address or asset, a flag, or (matched by amount) an
-// amount that is not the order's. Payments count as they arrived in their
-// final form. It runs before the ledger reverses what changed, so the
-// reversal takes the attribution back from the order. An operator's attach
-// is their decision and stays. It locks no order (the transfers it changes
-// wait for no one), and queues a review of each order it changes.
+// paid from, another address or asset, a flag, (matched by amount) an
+// amount that is not the order's, or (matched by a claim) the exact amount
+// of another order. Payments count as they arrived in their final form: a
+// detached transfer is in the inbox like any other (an exact payment of
+// another order goes to that order). It runs before the ledger reverses
+// what changed, so the reversal takes the attribution back from the order. An operator's attach is their decision
+// and stays. It locks no order (the transfers it changes wait for no one),
+// and queues a review of each order it changes.
 var recheckMatches = func() string {
 	var why []string
 	var keep []string
@@ -127,6 +145,9 @@ var recheckMatches = func() string {
 	amount := `(t.match_kind <> 'amount' OR t.amount = o.pay_amount)`
 	why = append(why, "WHEN NOT "+amount+" THEN "+quoteSQL("its amount is not the order's pay amount"))
 	keep = append(keep, amount)
+	exact := `(t.match_kind <> 'hint' OR NOT ` + exactElsewhere("t", "o") + `)`
+	why = append(why, "WHEN NOT "+exact+" THEN "+quoteSQL(whyExactElsewhere))
+	keep = append(keep, exact)
 	return `
 WITH changed AS (
 	SELECT t.id, t.order_id, t.tx_hash, t.block_number, CASE ` + strings.Join(why, " ") + ` ELSE '' END AS why

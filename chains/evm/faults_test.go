@@ -141,6 +141,35 @@ func TestHungNodeFailsOver(t *testing.T) {
 	}
 }
 
+// A node that gives no block time with its logs: the times come from the
+// blocks' headers, so lateness is decided by when a payment was mined.
+func TestBlockTimesWithoutLogTimestamps(t *testing.T) {
+	e := newEnv(t)
+	proxy := evmtest.NewProxy(t, e.chain.URL)
+	proxy.NoLogTimes.Store(true)
+	e.network.RPCURLs = []string{proxy.URL}
+	e.network.StartBlock = e.chain.Head()
+	wants := e.sprinkle(6, 3)
+	e.sync(e.scanner())
+	e.expect(wants...)
+	var rows []struct {
+		Block uint64     `db:"block_number"`
+		Time  *time.Time `db:"block_time"`
+	}
+	if err := e.db.Select(&rows, `SELECT block_number, block_time FROM transfers`); err != nil || len(rows) != len(wants) {
+		t.Fatalf("%d transfers (%v)", len(rows), err)
+	}
+	for _, r := range rows {
+		h, err := e.chain.Client.HeaderByNumber(t.Context(), new(big.Int).SetUint64(r.Block))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Time == nil || r.Time.Unix() != int64(h.Time) {
+			t.Fatalf("block %d: time %v, the block says %d", r.Block, r.Time, h.Time)
+		}
+	}
+}
+
 func waitFor(t *testing.T, cond func() bool, what string) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)

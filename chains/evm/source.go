@@ -239,6 +239,9 @@ func (s *Source) Scan(ctx context.Context, from, to uint64) (*scan.Batch, error)
 	}
 	if len(s.tokens) > 0 {
 		found := s.tokenTransfers(incoming)
+		if err := s.fillBlockTimes(ctx, found); err != nil {
+			return nil, err
+		}
 		if s.VerifyBalances && len(found) > 0 {
 			if !topicMode {
 				outgoing = incoming // every Transfer log of the contracts is there
@@ -339,6 +342,57 @@ func (s *Source) tokenTransfers(logs []types.Log) []scan.Found {
 		found = append(found, f)
 	}
 	return found
+}
+
+// fillBlockTimes sets the block time of transfers whose logs did not carry
+// it (nodes that do not return blockTimestamp in eth_getLogs), from the
+// headers of their blocks, in one batch: whether a payment was late is
+// decided by when it was mined, never by when paywatch saw it.
+func (s *Source) fillBlockTimes(ctx context.Context, found []scan.Found) error {
+	var numbers []uint64
+	seen := map[uint64]bool{}
+	for _, f := range found {
+		if f.BlockTime.IsZero() && !seen[f.BlockNumber] {
+			seen[f.BlockNumber] = true
+			numbers = append(numbers, f.BlockNumber)
+		}
+	}
+	if len(numbers) == 0 {
+		return nil
+	}
+	headers := make([]*struct {
+		Hash common.Hash    `json:"hash"`
+		Time hexutil.Uint64 `json:"timestamp"`
+	}, len(numbers))
+	err := s.nodes.call(ctx, func(ctx context.Context, e *endpoint) error {
+		elems := make([]rpc.BatchElem, len(numbers))
+		for i, n := range numbers {
+			elems[i] = rpc.BatchElem{Method: "eth_getBlockByNumber", Args: []any{blockTag(n), false}, Result: &headers[i]}
+		}
+		return batch(ctx, e, elems)
+	})
+	if err != nil {
+		return fmt.Errorf("read block times: %w", err)
+	}
+	times := map[uint64]time.Time{}
+	hashes := map[uint64]string{}
+	for i, n := range numbers {
+		if headers[i] == nil {
+			return fmt.Errorf("block %d: %w", n, scan.ErrNoBlock)
+		}
+		times[n], hashes[n] = time.Unix(int64(headers[i].Time), 0).UTC(), headers[i].Hash.Hex()
+	}
+	for i := range found {
+		f := &found[i]
+		if !f.BlockTime.IsZero() {
+			continue
+		}
+		if hashes[f.BlockNumber] != f.BlockHash {
+			return fmt.Errorf("block %d changed while its logs were read", f.BlockNumber)
+		}
+		f.BlockTime = times[f.BlockNumber]
+	}
+	return nil
 }
 
 // scanNative reads every block of the range with its transactions and

@@ -88,7 +88,8 @@ func (s *Store) MarkPaid(ctx context.Context, id, txHash, actor string) (*paywat
 // transfer matched to it. The reconciler locks an order before matching a
 // transfer to it, so a match and a cancel never both happen. Transfers a
 // reorg took away from the order are detached: if they come back, they
-// come back to the inbox, not to a cancelled order.
+// come back to the inbox, held for an operator (flag held), not to a
+// cancelled order or another customer's claim.
 func (s *Store) Cancel(ctx context.Context, id, actor string) (*paywatch.Order, error) {
 	err := pg.Tx(ctx, s.db, func(tx *sqlx.Tx) error {
 		status, _, err := lockOrder(ctx, tx, id)
@@ -107,8 +108,8 @@ func (s *Store) Cancel(ctx context.Context, id, actor string) (*paywatch.Order, 
 			return paywatch.Errorf(paywatch.CodeInvalidState, "order %s has a payment matched to it; it cannot be cancelled", id)
 		}
 		now := s.now()
-		if _, err := tx.ExecContext(ctx, `UPDATE transfers SET order_id = NULL, match_kind = NULL, updated_at = $2
-			WHERE order_id = $1`, id, now); err != nil {
+		if _, err := tx.ExecContext(ctx, `UPDATE transfers SET order_id = NULL, match_kind = NULL, updated_at = $2,
+			flags = array_append(array_remove(flags, $3), $3) WHERE order_id = $1`, id, now, paywatch.FlagHeld); err != nil {
 			return fmt.Errorf("detach orphaned transfers of %s: %w", id, err)
 		}
 		if _, err := tx.ExecContext(ctx, `UPDATE orders SET status = 'cancelled', updated_at = $2 WHERE id = $1`, id, now); err != nil {

@@ -165,9 +165,9 @@ func (s *Store) insert(ctx context.Context, req *CreateRequest, hash []byte) (st
 		}
 		o.EarliestBlockTime = now.Add(-req.Network.Family.BlockTimeSlack())
 		// Only transfers in blocks above the height the network has reached
-		// can pay the order: what is recorded (the scanner's head and
-		// cursor, and any transfer a look-up recorded ahead of them). NULL
-		// when nothing is known yet; the scanner fills it in.
+		// can pay the order, as the scanner recorded it (its head and
+		// cursor: a node look-up's word does not move it). NULL when nothing
+		// is known yet; the scanner fills it in.
 		if _, err := tx.NamedExecContext(ctx, `INSERT INTO orders (id, external_id, request_hash, idempotency_scope,
 			idempotency_key, network, asset, asset_contract, amount, pay_amount, pay_address, unique_k,
 			derivation_key, derivation_index, status, metadata, created_at, expires_at, monitor_until, updated_at,
@@ -175,8 +175,7 @@ func (s *Store) insert(ctx context.Context, req *CreateRequest, hash []byte) (st
 			VALUES (:id, :external_id, :request_hash, :idempotency_scope, :idempotency_key, :network, :asset,
 			:asset_contract, :amount, :pay_amount, :pay_address, :unique_k, :derivation_key, :derivation_index,
 			:status, :metadata, :created_at, :expires_at, :monitor_until, :created_at,
-			(SELECT greatest(c.head, c.block_number, (SELECT max(t.block_number) FROM transfers t WHERE t.network = c.network))
-				FROM chain_cursors c WHERE c.network = :network),
+			(SELECT greatest(c.head, c.block_number) FROM chain_cursors c WHERE c.network = :network),
 			:earliest_block_time)`, o); err != nil {
 			return fmt.Errorf("insert order: %w", err)
 		}
@@ -231,8 +230,8 @@ type slotChoice struct {
 }
 
 // chooseSlot finds, for the first shared address that has one, a k whose
-// pay amount (amount + k × step) no order holds. k is drawn at random
-// among the free ones (Store.Rand), never the smallest: a customer who saw
+// pay amount (amount + k × step) no order holds. k is drawn uniformly at
+// random among the free ones (Store.Rand), never the smallest: a customer who saw
 // someone else's payment of some amount waiting to be mined must not be
 // able to create an order whose pay amount is exactly that. A
 // transaction-scoped advisory lock per (network, asset, address) makes
@@ -244,11 +243,7 @@ func (s *Store) chooseSlot(ctx context.Context, tx *sqlx.Tx, a *paywatch.Asset, 
 			"paywatch:slot:"+a.Network+":"+a.Symbol+":"+addr); err != nil {
 			return nil, fmt.Errorf("lock amount slots: %w", err)
 		}
-		start, err := s.rand(a.UniqueSlots)
-		if err != nil {
-			return nil, err
-		}
-		k, err := freeSlot(ctx, tx, a, addr, amount, now, start)
+		k, err := freeSlot(ctx, tx, a, addr, amount, now, s.rand)
 		if err != nil {
 			return nil, err
 		}
@@ -264,11 +259,12 @@ func (s *Store) chooseSlot(ctx context.Context, tx *sqlx.Tx, a *paywatch.Asset, 
 		a.UniqueSlots, a.FormatAmount(amount), a.Symbol, a.Network)
 }
 
-// freeSlot returns the first k, from start on (wrapping around), whose pay
-// amount is not held at addr, or -1 when all are. It reads only the held
-// slots inside the candidate range (an index range scan), so its cost grows
-// with the slots in use, not with unique_slots.
-func freeSlot(ctx context.Context, tx *sqlx.Tx, a *paywatch.Asset, addr string, amount *big.Int, now time.Time, start int) (int, error) {
+// freeSlot returns a k whose pay amount is not held at addr, drawn
+// uniformly among the free ones (draw returns an int in [0, n)), or -1
+// when all are held. It reads only the held slots inside the candidate
+// range (an index range scan).
+func freeSlot(ctx context.Context, tx *sqlx.Tx, a *paywatch.Asset, addr string, amount *big.Int, now time.Time,
+	draw func(n int) (int, error)) (int, error) {
 	last := new(big.Int).Mul(big.NewInt(int64(a.UniqueSlots-1)), a.UniqueStep)
 	last.Add(last, amount)
 	var held []string
@@ -288,14 +284,22 @@ func freeSlot(ctx context.Context, tx *sqlx.Tx, a *paywatch.Asset, addr string, 
 			taken[k.Int64()] = true
 		}
 	}
-	if len(taken) >= a.UniqueSlots {
+	free := a.UniqueSlots - len(taken)
+	if free <= 0 {
 		return -1, nil
 	}
-	for i := 0; i < a.UniqueSlots; i++ {
-		k := (start + i) % a.UniqueSlots
-		if !taken[int64(k)] {
+	r, err := draw(free)
+	if err != nil {
+		return 0, err
+	}
+	for k := 0; k < a.UniqueSlots; k++ { // the r-th free k
+		if taken[int64(k)] {
+			continue
+		}
+		if r == 0 {
 			return k, nil
 		}
+		r--
 	}
 	return -1, nil
 }

@@ -26,6 +26,9 @@ type Proxy struct {
 	// a node that accepts connections and never replies. Hung counts them.
 	Hang atomic.Bool
 	Hung atomic.Int64
+	// NoLogTimes strips blockTimestamp from the logs eth_getLogs returns,
+	// as many nodes do.
+	NoLogTimes atomic.Bool
 	// Delay is added to every request, like the round trip to a hosted node.
 	Delay atomic.Int64 // nanoseconds
 	// Refused counts refused eth_getLogs calls; LogCalls the served ones.
@@ -77,10 +80,13 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) {
 		_ = json.Unmarshal(body, &one)
 		reqs = []rpcRequest{one}
 	}
-	refused := map[string]bool{}
+	refused, logs := map[string]bool{}, map[string]bool{}
 	for _, req := range reqs {
 		if p.tooWide(req) {
 			refused[string(req.ID)] = true
+		}
+		if req.Method == "eth_getLogs" && p.NoLogTimes.Load() {
+			logs[string(req.ID)] = true
 		}
 	}
 	res, err := http.Post(p.target, "application/json", bytes.NewReader(body))
@@ -90,7 +96,7 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	defer res.Body.Close()
 	out, _ := io.ReadAll(res.Body)
-	if len(refused) > 0 {
+	if len(refused) > 0 || len(logs) > 0 {
 		var answers []map[string]json.RawMessage
 		if batch {
 			_ = json.Unmarshal(out, &answers)
@@ -103,6 +109,14 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) {
 			if refused[string(a["id"])] {
 				delete(a, "result")
 				a["error"] = json.RawMessage(`{"code":-32005,"message":"query returned more than 10000 results"}`)
+			}
+			if logs[string(a["id"])] && a["result"] != nil {
+				var ls []map[string]json.RawMessage
+				_ = json.Unmarshal(a["result"], &ls)
+				for _, l := range ls {
+					delete(l, "blockTimestamp")
+				}
+				a["result"], _ = json.Marshal(ls)
 			}
 		}
 		if batch {
