@@ -155,12 +155,7 @@ func TestAttackScannerKeepsWhatALookupSaid(t *testing.T) {
 	f.pass()
 	f.expect(o, paywatch.StatusConfirming, "") // fine so far: provisional
 	// The honest scanner reaches block 5 and sees the real transfer of 1 unit.
-	if _, err := scans.Commit(ctx, scan.Commit{Network: "ethereum",
-		Batch:  &scan.Batch{Transfers: []scan.Found{real}, Blocks: []scan.Block{{Number: 5, Hash: "0xb5"}}},
-		Cursor: &scan.Block{Number: 5, Hash: "0xb5"}, Head: scan.Head{Number: 8}, ConfirmedAtOrBelow: 5, Window: 128, First: 1,
-	}); err != nil {
-		t.Fatal(err)
-	}
+	scannerSees(t, scans, 1, 5, 8, real)
 	f.pass()
 	var amount string
 	if err := f.db.Get(&amount, `SELECT amount::text FROM transfers WHERE tx_hash = $1`, h); err != nil {
@@ -241,7 +236,7 @@ func TestAttackReorgBetweenUnmatchAndLedgerPost(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() { _, err := f.rec.PostLedger(ctx); done <- err }()
-	waitForLockWait(t, f)
+	f.waitForLockWait()
 	// The scanner commits a reorg that mined the payment again in block 0,
 	// below the order's creation height (what TestReorgMovingAPaymentBelow
 	// TheOrdersHeight writes).
@@ -288,7 +283,7 @@ func TestAttackFlagAmbiguousLockOrder(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() { _, err := f.rec.Pass(ctx); done <- err }()
-	waitForLockWait(t, f)
+	f.waitForLockWait()
 	// Attach, step 2: lock the transfer.
 	_, attachErr := op.Exec(`SELECT 1 FROM transfers WHERE id = $1 FOR UPDATE`, tr)
 	if attachErr == nil {
@@ -343,21 +338,20 @@ func statusOf(f *fixture, o *paywatch.Order) string {
 	return fmt.Sprintf("%s/%s received %s", got.Status, got.DisputeReason, got.ReceivedAmount)
 }
 
-// waitForLockWait waits until some backend waits on a lock.
-func waitForLockWait(t *testing.T, f *fixture) {
+// scannerSees commits what the scanner reads of the ethereum network's
+// blocks first to cursor, the head at head: the transfers found, each
+// block's hash "0xb<number>", confirmed up to the cursor.
+func scannerSees(t *testing.T, scans *scan.Store, first, cursor, head uint64, found ...scan.Found) {
 	t.Helper()
-	for i := 0; i < 500; i++ {
-		var n int
-		if err := f.db.Get(&n, `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock'`); err != nil {
-			t.Fatal(err)
-		}
-		if n > 0 {
-			return
-		}
-		time.Sleep(10 * time.Millisecond)
+	b := &scan.Batch{Transfers: found}
+	for _, f := range found {
+		b.Blocks = append(b.Blocks, scan.Block{Number: f.BlockNumber, Hash: f.BlockHash})
 	}
-	t.Fatal("nothing waited on a lock")
+	if _, err := scans.Commit(context.Background(), scan.Commit{Network: "ethereum", Batch: b,
+		Cursor: &scan.Block{Number: cursor, Hash: fmt.Sprintf("0xb%d", cursor)}, Head: scan.Head{Number: head},
+		ConfirmedAtOrBelow: cursor, Window: 128, First: first}); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // R8. A customer who clicks "I've paid" while their transaction sits in a
@@ -560,12 +554,7 @@ func TestAttackScannerCorrectionKeepsAClaimOnAnotherOrdersExactPayment(t *testin
 		t.Fatal(err)
 	}
 	f.pass()
-	if _, err := scans.Commit(ctx, scan.Commit{Network: "ethereum",
-		Batch:  &scan.Batch{Transfers: []scan.Found{real}, Blocks: []scan.Block{{Number: 5, Hash: "0xb5"}}},
-		Cursor: &scan.Block{Number: 5, Hash: "0xb5"}, Head: scan.Head{Number: 8}, ConfirmedAtOrBelow: 5, Window: 128, First: 1,
-	}); err != nil {
-		t.Fatal(err)
-	}
+	scannerSees(t, scans, 1, 5, 8, real)
 	f.pass()
 	f.pass()
 	var tr string
@@ -605,7 +594,7 @@ func TestAttackMatchLocksATransferBeforeItsOrders(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() { _, err := f.rec.Pass(ctx); done <- err }()
-	waitForLockWait(t, f)
+	f.waitForLockWait()
 	// Step 2: the transfer (Attach's FOR UPDATE; Resolve's receipt UPDATE).
 	_, opErr := op.Exec(`SELECT 1 FROM transfers WHERE id = $1 FOR UPDATE`, ta)
 	if opErr == nil {
@@ -641,12 +630,7 @@ func TestAttackClaimRejectedBeforeTheHeightIsKnown(t *testing.T) {
 	}
 	f.pass()
 	// The scanner starts at block 5 and sees the same transfer in block 7.
-	if _, err := scans.Commit(ctx, scan.Commit{Network: "ethereum",
-		Batch:  &scan.Batch{Transfers: []scan.Found{found}, Blocks: []scan.Block{{Number: 7, Hash: "0xb7"}}},
-		Cursor: &scan.Block{Number: 10, Hash: "0xb10"}, Head: scan.Head{Number: 12}, ConfirmedAtOrBelow: 10, Window: 128, First: 5,
-	}); err != nil {
-		t.Fatal(err)
-	}
+	scannerSees(t, scans, 5, 10, 12, found)
 	f.pass()
 	var height int64
 	_ = f.db.Get(&height, `SELECT created_height FROM orders WHERE id = $1`, o.ID)
