@@ -19,10 +19,12 @@ import (
 
 // A customer's tx hash ("I've paid" with tx_hash) is a claim, never proof.
 // It may link only a transfer this order could have matched anyway
-// (eligibility), that is matched to no other order, and that is not exactly
-// the pay amount of another open order it could pay (an exact match always
-// wins over a claim). Any other claim is rejected on the order's timeline,
-// with why, and pays nothing; an operator can still attach by hand.
+// (eligibility), that is matched to no other order, that is not exactly the
+// pay amount of another order it could have paid (an exact match always
+// wins over a claim), and that no other order waiting for about that amount
+// may be owed. Any other claim is rejected on the order's timeline, with
+// why, and pays nothing; an operator can still attach by hand. Two claims
+// on one payment contest it: neither order gets it.
 //
 // A pass decides the claims whose transaction a watcher has recorded, oldest
 // first and at most HintsPerPass of them; it never waits on a node. Claims
@@ -44,12 +46,9 @@ const (
 	LookupTimeout    = 10 * time.Second
 )
 
-// Hint states.
-const (
-	hintPending  = "pending"
-	hintLinked   = "linked"
-	hintRejected = "rejected"
-)
+// hintPending is the state of a claim not decided yet (then "linked" or
+// "rejected").
+const hintPending = "pending"
 
 // Why claims are rejected besides the eligibility rules.
 const (
