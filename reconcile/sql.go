@@ -171,13 +171,13 @@ SELECT count(*) FROM detached`
 
 // transitionCandidates reads up to $4 orders after id $3 that may need to
 // move: those queued for review (distinct: an order may be queued many
-// times, and a batch of fewer than $4 orders ends the walk), those awaiting payment past their expiry
-// or past the paid grace ($2 seconds), and those with an address of their
-// own confirming past expiry. It locks them (skipping any another
-// transaction holds), consumes their reviews, and reads their facts, all in
-// one statement: one snapshot, so that a change committed after it leaves
-// its review for the next pass. Every candidate is returned (id); those
-// locked come with their facts (oid non-null).
+// times, and a batch of fewer than $4 orders ends the walk), those awaiting
+// payment past their expiry or past the paid grace ($2 seconds), and those
+// with an address of their own confirming past expiry. It locks them
+// (skipping any another transaction holds), consumes their reviews, and
+// reads their facts, all in one statement: one snapshot, so that a change
+// committed after it leaves its review for the next pass. Every candidate
+// is returned (id); those locked come with their facts (oid non-null).
 var transitionCandidates = `
 WITH cand AS (
 	SELECT id FROM (
