@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync/atomic"
-	"time"
 
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/common/hexutil"
@@ -17,92 +15,62 @@ import (
 	"github.com/paywatch/paywatch/chains/scan"
 )
 
-// DefaultCallTimeout bounds one JSON-RPC call (or batch).
-const DefaultCallTimeout = 20 * time.Second
-
 // endpoint is one node URL.
 type endpoint struct {
-	url     string
-	rpc     *rpc.Client
-	eth     *ethclient.Client
-	checked atomic.Bool // chain id verified
+	url string
+	rpc *rpc.Client
+	eth *ethclient.Client
 }
 
-// nodes is the list of a network's node URLs, used in turn: a call that
-// fails on one node is tried on the next.
+// nodes are a network's node URLs, used in turn (scan.Nodes), each checked
+// once to be on the configured chain; a node's refusal of a range's size
+// is reported as scan.ErrRangeTooLarge, which another node is not asked.
 type nodes struct {
-	chainID     uint64
-	endpoints   []*endpoint
-	current     atomic.Int64
-	callTimeout time.Duration
-	log         *slog.Logger
+	*scan.Nodes[*endpoint]
 }
 
 func dialNodes(urls []string, chainID uint64, log *slog.Logger) (*nodes, error) {
-	n := &nodes{chainID: chainID, callTimeout: DefaultCallTimeout, log: log}
-	for _, u := range urls {
-		// For HTTP this opens no connection yet: an unreachable node is
-		// found out by the first call, not here.
+	// For HTTP this opens no connection yet: an unreachable node is found
+	// out by the first call, not here.
+	n, err := scan.NewNodes(urls, func(u string) (*endpoint, error) {
 		c, err := rpc.DialOptions(context.Background(), u)
 		if err != nil {
-			return nil, fmt.Errorf("node %s: %w", u, err)
+			return nil, err
 		}
-		n.endpoints = append(n.endpoints, &endpoint{url: u, rpc: c, eth: ethclient.NewClient(c)})
+		return &endpoint{url: u, rpc: c, eth: ethclient.NewClient(c)}, nil
+	})
+	if err != nil {
+		return nil, err
 	}
-	return n, nil
-}
-
-func (n *nodes) close() {
-	for _, e := range n.endpoints {
-		e.rpc.Close()
-	}
-}
-
-// call runs fn on the current node and, when it fails for a reason other
-// than the request itself (range too large, cancelled), on the next ones:
-// an error, a refusal or a node that does not answer within callTimeout
-// (a hung node is a sick node, not a range too large). The node that
-// answered becomes the current one.
-func (n *nodes) call(ctx context.Context, fn func(ctx context.Context, e *endpoint) error) error {
-	var errs []error
-	start := int(n.current.Load())
-	for i := 0; i < len(n.endpoints); i++ {
-		idx := (start + i) % len(n.endpoints)
-		e := n.endpoints[idx]
-		err := n.attempt(ctx, e, fn)
-		if err == nil {
-			if idx != start {
-				n.current.Store(int64(idx))
-				n.log.Info("switched node", "url", e.url)
-			}
-			return nil
-		}
-		if ctx.Err() != nil || errors.Is(err, scan.ErrRangeTooLarge) || errors.Is(err, scan.ErrNoBlock) {
-			return err
-		}
-		errs = append(errs, fmt.Errorf("%s: %w", e.url, err))
-	}
-	return errors.Join(errs...)
-}
-
-func (n *nodes) attempt(ctx context.Context, e *endpoint, fn func(ctx context.Context, e *endpoint) error) error {
-	ctx, cancel := context.WithTimeout(ctx, n.callTimeout)
-	defer cancel()
-	if !e.checked.Load() {
+	n.Log = log
+	n.Check = func(ctx context.Context, e *endpoint) error {
 		id, err := e.eth.ChainID(ctx)
 		if err != nil {
 			return fmt.Errorf("read chain id: %w", err)
 		}
-		if id.Uint64() != n.chainID {
-			return fmt.Errorf("node is on chain %s, the configuration says %d", id, n.chainID)
+		if id.Uint64() != chainID {
+			return fmt.Errorf("node is on chain %s, the configuration says %d", id, chainID)
 		}
-		e.checked.Store(true)
+		return nil
 	}
-	err := fn(ctx, e)
-	if err != nil && rangeRefused(err) {
-		return fmt.Errorf("%w: %v", scan.ErrRangeTooLarge, err)
+	return &nodes{n}, nil
+}
+
+func (n *nodes) close() {
+	for _, e := range n.Endpoints {
+		e.rpc.Close()
 	}
-	return err
+}
+
+// call runs fn on the nodes in turn (scan.Nodes.Call).
+func (n *nodes) call(ctx context.Context, fn func(ctx context.Context, e *endpoint) error) error {
+	return n.Call(ctx, func(ctx context.Context, e *endpoint) error {
+		err := fn(ctx, e)
+		if err != nil && rangeRefused(err) {
+			return fmt.Errorf("%w: %v", scan.ErrRangeTooLarge, err)
+		}
+		return err
+	})
 }
 
 // rangeRefused recognises a node's refusal of a log query's size: the

@@ -84,8 +84,8 @@ func NewSource(n *paywatch.Network, log *slog.Logger) (*Source, error) {
 }
 
 // SetCallTimeout bounds each JSON-RPC call (or batch) to one node; past
-// it, the next node is tried. The default is DefaultCallTimeout.
-func (s *Source) SetCallTimeout(d time.Duration) { s.nodes.callTimeout = d }
+// it, the next node is tried. The default is scan.DefaultCallTimeout.
+func (s *Source) SetCallTimeout(d time.Duration) { s.nodes.CallTimeout = d }
 
 // Close closes the node connections.
 func (s *Source) Close() { s.nodes.close() }
