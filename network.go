@@ -33,8 +33,12 @@ type Network struct {
 	RPCURLs []string
 	// RPCUser and RPCPass authenticate to a Bitcoin node; empty for EVM.
 	RPCUser, RPCPass string
-	ChainID          uint64 // EVM only
-	Chain            string // Bitcoin only: mainnet, testnet, signet, regtest, simnet
+	// RPCCookieFile is Bitcoin Core's cookie file (instead of a user and
+	// password); RPCCertFile a certificate to trust for https node URLs
+	// (btcd's own).
+	RPCCookieFile, RPCCertFile string
+	ChainID                    uint64 // EVM only
+	Chain                      string // Bitcoin only: mainnet, testnet, signet, regtest, simnet
 	// Confirmations is the number of blocks (the transfer's own included)
 	// that make a transfer confirmed. UseFinalized replaces it with the
 	// node's finalized block tag.
@@ -90,6 +94,14 @@ type Asset struct {
 	// XPub and ScriptType describe address derivation (ModePerOrder).
 	XPub       string
 	ScriptType string
+
+	// GapLimit is how many derived addresses in a row may go unpaid before
+	// the watcher warns: most wallets look no further (ModePerOrder).
+	GapLimit int
+	// SkipBalanceCheck turns off the fake-deposit guard of an EVM token (a
+	// Transfer event counts only if the recipient's balance moved): for a
+	// token the operator trusts (verify_balance: false).
+	SkipBalanceCheck bool
 
 	// MaxAmount bounds an order's amount, in base units.
 	MaxAmount *big.Int

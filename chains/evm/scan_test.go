@@ -242,3 +242,22 @@ func TestPrunedNodeBalanceChecks(t *testing.T) {
 	e.sync(e.scanner())
 	e.expect(want{old, "USDT", "4000000", "", "balance_unchecked"}, want{recent, "USDT", "5000000", "", ""})
 }
+
+// An operator may turn the fake-deposit check off for a token they trust
+// (verify_balance: false): its transfers are recorded unflagged and cost no
+// balance calls; the other tokens are still checked.
+func TestBalanceCheckOffForATrustedToken(t *testing.T) {
+	e := newEnv(t)
+	e.network.StartBlock = e.chain.Head()
+	for _, a := range e.network.Assets {
+		if a.Symbol == "USDT" {
+			a.SkipBalanceCheck = true
+		}
+	}
+	fakeUSDT := e.usdt.FakeTransfer(e.chain.Payer, e.shop, big.NewInt(1_000_000))
+	e.chain.Mine(1)
+	fakeDAI := e.dai.FakeTransfer(e.chain.Payer, e.shop, units(1, 18))
+	e.chain.Mine(1)
+	e.sync(e.scanner())
+	e.expect(want{fakeUSDT, "USDT", "1000000", "", ""}, want{fakeDAI, "DAI", "1000000000000000000", "", "balance_mismatch"})
+}

@@ -51,7 +51,12 @@ type Config struct {
 	ReconcilerSchedule string
 	WebhookURL         string
 	WebhookSecret      string
-	Networks           []*paywatch.Network
+	// WebhookAllowPrivate lets webhooks go to loopback, private and
+	// link-local addresses; WebhookMaxRetryAge is how long a delivery is
+	// retried.
+	WebhookAllowPrivate bool
+	WebhookMaxRetryAge  time.Duration
+	Networks            []*paywatch.Network
 }
 
 // Network returns the configured network with the given name, or nil.

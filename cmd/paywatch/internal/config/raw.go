@@ -38,8 +38,10 @@ type rawReconciler struct {
 }
 
 type rawWebhooks struct {
-	URL       string `yaml:"url"`
-	SecretEnv string `yaml:"secret_env"`
+	URL                  string        `yaml:"url"`
+	SecretEnv            string        `yaml:"secret_env"`
+	AllowPrivateNetworks bool          `yaml:"allow_private_networks"`
+	MaxRetryAge          time.Duration `yaml:"max_retry_age"`
 }
 
 type rawNetwork struct {
@@ -48,6 +50,8 @@ type rawNetwork struct {
 	RPCURLs       []string         `yaml:"rpc_urls"`
 	RPCUserEnv    string           `yaml:"rpc_user_env"`
 	RPCPassEnv    string           `yaml:"rpc_pass_env"`
+	RPCCookieFile string           `yaml:"rpc_cookie_file"`
+	RPCCertFile   string           `yaml:"rpc_cert_file"`
 	ChainID       uint64           `yaml:"chain_id"`
 	Chain         string           `yaml:"chain"`
 	Confirmations rawConfirmations `yaml:"confirmations"`
@@ -67,7 +71,9 @@ type rawAsset struct {
 	Receive     rawReceive `yaml:"receive"`
 	MaxAmount   string     `yaml:"max_amount"`
 	Dust        string     `yaml:"dust"`
-	line        int
+	// VerifyBalance is the fake-deposit guard of an EVM token (default on).
+	VerifyBalance *bool `yaml:"verify_balance"`
+	line          int
 }
 
 // setLines records where each network and asset starts in the document, so
@@ -113,6 +119,7 @@ type rawReceive struct {
 	Addresses  []string `yaml:"addresses"`
 	XPub       string   `yaml:"xpub"`
 	ScriptType string   `yaml:"script_type"`
+	GapLimit   *int     `yaml:"gap_limit"`
 }
 
 // rawConfirmations is a block count or the word "finalized".

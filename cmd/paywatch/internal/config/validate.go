@@ -26,6 +26,11 @@ const (
 	DefaultUniqueSlots      = 10000
 	MaxUniqueSlots          = 1_000_000
 	MinKeyLength            = 16
+	// DefaultGapLimit is what most wallets look ahead for payments to
+	// addresses of an account.
+	DefaultGapLimit = 20
+	// DefaultWebhookMaxRetryAge is how long a webhook is retried.
+	DefaultWebhookMaxRetryAge = 72 * time.Hour
 )
 
 var (
@@ -113,6 +118,11 @@ func (v *validator) config(raw *rawConfig) *Config {
 		v.httpURL("webhooks", "url", raw.Webhooks.URL)
 		cfg.WebhookURL = raw.Webhooks.URL
 		cfg.WebhookSecret = v.secret("webhooks", "secret_env", raw.Webhooks.SecretEnv, true)
+	}
+	cfg.WebhookAllowPrivate = raw.Webhooks.AllowPrivateNetworks
+	cfg.WebhookMaxRetryAge = durationOr(raw.Webhooks.MaxRetryAge, DefaultWebhookMaxRetryAge)
+	if cfg.WebhookMaxRetryAge < time.Minute {
+		v.fail("webhooks", "max_retry_age %s must be at least 1m", cfg.WebhookMaxRetryAge)
 	}
 
 	cfg.APIKeys = v.apiKeys(raw.APIKeys)
@@ -218,6 +228,13 @@ func (v *validator) network(i int, r *rawNetwork) *paywatch.Network {
 	}
 	n.RPCUser = v.secret(where, "rpc_user_env", r.RPCUserEnv, false)
 	n.RPCPass = v.secret(where, "rpc_pass_env", r.RPCPassEnv, false)
+	n.RPCCookieFile, n.RPCCertFile = r.RPCCookieFile, r.RPCCertFile
+	if (r.RPCCookieFile != "" || r.RPCCertFile != "") && n.Family != paywatch.FamilyBitcoin {
+		v.fail(where, "rpc_cookie_file and rpc_cert_file are for family bitcoin")
+	}
+	if r.RPCCookieFile != "" && (r.RPCUserEnv != "" || r.RPCPassEnv != "") {
+		v.fail(where, "rpc_cookie_file replaces rpc_user_env and rpc_pass_env: give one or the other")
+	}
 	switch {
 	case r.Confirmations.finalized:
 		if n.Family != paywatch.FamilyEVM {
@@ -368,6 +385,22 @@ func (v *validator) asset(netWhere string, j int, n *paywatch.Network, r *rawAss
 	}
 	if rcv.ScriptType != "" && rcv.XPub == "" {
 		v.fail(where, "receive.script_type goes with receive.xpub")
+	}
+	a.GapLimit = DefaultGapLimit
+	if rcv.GapLimit != nil {
+		if rcv.XPub == "" {
+			v.fail(where, "receive.gap_limit goes with receive.xpub")
+		}
+		if *rcv.GapLimit < 1 || *rcv.GapLimit > 1_000_000 {
+			v.fail(where, "receive.gap_limit %d is out of range (1 to 1000000)", *rcv.GapLimit)
+		}
+		a.GapLimit = *rcv.GapLimit
+	}
+	if r.VerifyBalance != nil {
+		if a.Native || n.Family != paywatch.FamilyEVM {
+			v.fail(where, "verify_balance is for EVM tokens")
+		}
+		a.SkipBalanceCheck = !*r.VerifyBalance
 	}
 	return a
 }
