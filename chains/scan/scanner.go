@@ -82,8 +82,12 @@ func NewScanner(n *paywatch.Network, src Source, store *Store, log *slog.Logger)
 	if w := uint64(2*n.Confirmations + 2); w > window {
 		window = w
 	}
+	maxBatch := uint64(DefaultMaxBatch)
+	if rl, ok := src.(RangeLimiter); ok {
+		maxBatch = min(maxBatch, rl.MaxRange())
+	}
 	return &Scanner{Network: n, Source: src, Store: store, Log: log.With("network", n.Name),
-		MaxBatch: DefaultMaxBatch, Window: window, RetryMin: DefaultRetryMin, RetryMax: DefaultRetryMax}
+		MaxBatch: maxBatch, Window: window, RetryMin: DefaultRetryMin, RetryMax: DefaultRetryMax}
 }
 
 // Run scans until ctx ends. Errors are recorded on the network's status and
@@ -426,6 +430,12 @@ func (s *Scanner) forkPoint(ctx context.Context, cur *Block) (uint64, error) {
 // hash in one round trip ("" for the hash when there is no such block).
 type HeadHasher interface {
 	HeadAndHash(ctx context.Context, n uint64) (Head, string, error)
+}
+
+// RangeLimiter is implemented by Sources whose blocks are heavy to read
+// (Bitcoin's raw blocks): a batch spans at most MaxRange blocks.
+type RangeLimiter interface {
+	MaxRange() uint64
 }
 
 // HashBatcher is implemented by Sources that read many block hashes in one

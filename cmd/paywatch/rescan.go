@@ -6,8 +6,7 @@ import (
 	"flag"
 	"fmt"
 
-	"github.com/paywatch/paywatch"
-	"github.com/paywatch/paywatch/chains/evm"
+	"github.com/paywatch/paywatch/chains/bitcoin"
 	"github.com/paywatch/paywatch/chains/scan"
 )
 
@@ -30,16 +29,18 @@ func rescanCommand(ctx context.Context, e *env, args []string) error {
 		return usageError{errors.New("--network NAME is required")}
 	case n == nil:
 		return usageError{fmt.Errorf("network %q is not configured", network)}
-	case n.Family != paywatch.FamilyEVM:
-		return usageError{fmt.Errorf("network %s is %s; only evm networks are scanned yet", network, n.Family)}
 	case from < 1:
 		return usageError{errors.New("--from BLOCK is required (at least 1)")}
 	}
-	src, err := evm.NewSource(n, e.log)
+	wallets, err := bitcoin.NewWallets(cfg.Networks)
 	if err != nil {
 		return err
 	}
-	defer src.Close()
+	src, closeSrc, err := newSource(n, wallets, nil, e.log)
+	if err != nil {
+		return err
+	}
+	defer closeSrc()
 	hash, err := src.BlockHash(ctx, from-1)
 	if err != nil {
 		return fmt.Errorf("read block %d from the node: %w", from-1, err)

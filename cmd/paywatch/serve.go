@@ -15,7 +15,6 @@ import (
 
 	"github.com/paywatch/paywatch"
 	"github.com/paywatch/paywatch/chains/bitcoin"
-	"github.com/paywatch/paywatch/chains/evm"
 	"github.com/paywatch/paywatch/chains/scan"
 	"github.com/paywatch/paywatch/cmd/paywatch/internal/api"
 	"github.com/paywatch/paywatch/cmd/paywatch/internal/config"
@@ -150,18 +149,13 @@ func newDaemon(ctx context.Context, log *slog.Logger, cfg *config.Config) (*daem
 	}
 	d := &daemon{log: log, cfg: cfg, db: db, listener: ln, http: srv, reconciler: runner}
 	for _, n := range cfg.Networks {
-		switch n.Family {
-		case paywatch.FamilyEVM:
-			src, err := evm.NewSource(n, log)
-			if err != nil {
-				d.Close()
-				return nil, fmt.Errorf("network %s: %w", n.Name, err)
-			}
-			d.watchers = append(d.watchers, watcher{network: n, scanner: scan.NewScanner(n, src, scans, log), close: src.Close})
-			rec.Lookups[n.Name] = src
-		default:
-			log.Warn("no watcher for this chain family yet; orders are served, payments not seen", "network", n.Name, "family", n.Family)
+		src, closeSrc, err := newSource(n, wallets, store, log)
+		if err != nil {
+			d.Close()
+			return nil, fmt.Errorf("network %s: %w", n.Name, err)
 		}
+		d.watchers = append(d.watchers, watcher{network: n, scanner: scan.NewScanner(n, src, scans, log), close: closeSrc})
+		rec.Lookups[n.Name] = src
 	}
 	return d, nil
 }

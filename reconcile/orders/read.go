@@ -298,3 +298,21 @@ func (s *Store) GetTransfer(ctx context.Context, id string) (*paywatch.Transfer,
 
 // Ping checks that the database answers.
 func (s *Store) Ping(ctx context.Context) error { return s.db.PingContext(ctx) }
+
+// Given returns the addresses handed out below an extended public key from
+// index from on, in index order, and the next index to be handed out (what
+// a Bitcoin watcher watches: bitcoin.Given). Both come from one snapshot.
+func (s *Store) Given(ctx context.Context, xpub string, from uint32) ([]string, uint32, error) {
+	var row struct {
+		Next  int64          `db:"next"`
+		Addrs pq.StringArray `db:"addrs"`
+	}
+	err := s.db.GetContext(ctx, &row, `SELECT
+		coalesce((SELECT next_index FROM derivation_counters WHERE derivation_key = $1), 0) AS next,
+		array(SELECT pay_address FROM orders WHERE derivation_key = $1 AND derivation_index >= $2
+			ORDER BY derivation_index) AS addrs`, xpub, int64(from))
+	if err != nil {
+		return nil, 0, fmt.Errorf("read the addresses handed out: %w", err)
+	}
+	return row.Addrs, uint32(row.Next), nil
+}

@@ -1,0 +1,123 @@
+// Package btctest runs real btcd regtest nodes for tests (btcd's rpctest
+// harness, which builds btcd from the module's own dependencies), with a
+// wallet to pay from, and the means to make reorgs.
+package btctest
+
+import (
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+
+	"github.com/btcsuite/btcd/btcutil"
+	"github.com/btcsuite/btcd/chaincfg"
+	"github.com/btcsuite/btcd/chaincfg/chainhash"
+	"github.com/btcsuite/btcd/integration/rpctest"
+	"github.com/btcsuite/btcd/txscript"
+	"github.com/btcsuite/btcd/wire"
+
+	"github.com/paywatch/paywatch/chains/bitcoin"
+)
+
+// Params are the chain parameters of the nodes (regtest).
+var Params = &chaincfg.RegressionNetParams
+
+// setUp serialises harness start-ups: rpctest builds btcd once per
+// process and hands out ports from shared state.
+var setUp sync.Mutex
+
+// Node is a btcd regtest node started for a test and stopped with it.
+type Node struct {
+	t testing.TB
+	H *rpctest.Harness
+	// URL and Credentials reach the node's JSON-RPC (TLS with the node's
+	// own certificate).
+	URL         string
+	Credentials bitcoin.Credentials
+}
+
+// New starts a node with mature coins in its wallet and the transaction
+// index on (for node look-ups of customers' transactions).
+func New(t testing.TB) *Node {
+	t.Helper()
+	setUp.Lock()
+	defer setUp.Unlock()
+	h, err := rpctest.New(Params, nil, []string{"--txindex"}, "")
+	if err != nil {
+		t.Fatalf("btctest: %v", err)
+	}
+	if err := h.SetUp(true, 30); err != nil {
+		_ = h.TearDown()
+		t.Fatalf("btctest: set up btcd: %v", err)
+	}
+	t.Cleanup(func() { _ = h.TearDown() })
+	cfg := h.RPCConfig()
+	cert := filepath.Join(t.TempDir(), "rpc.cert")
+	if err := os.WriteFile(cert, cfg.Certificates, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return &Node{t: t, H: h, URL: "https://" + cfg.Host,
+		Credentials: bitcoin.Credentials{User: cfg.User, Pass: cfg.Pass, CertFile: cert}}
+}
+
+// Mine seals n blocks and returns their hashes.
+func (n *Node) Mine(k int) []*chainhash.Hash {
+	n.t.Helper()
+	hashes, err := n.H.Client.Generate(uint32(k))
+	if err != nil {
+		n.t.Fatalf("btctest: mine: %v", err)
+	}
+	return hashes
+}
+
+// Height returns the node's best height.
+func (n *Node) Height() uint64 {
+	n.t.Helper()
+	_, h, err := n.H.Client.GetBestBlock()
+	if err != nil {
+		n.t.Fatalf("btctest: best block: %v", err)
+	}
+	return uint64(h)
+}
+
+// Output is a payment of sats to an address.
+type Output struct {
+	Address string
+	Sats    int64
+}
+
+// Pay sends one transaction paying the outputs (to the mempool; Mine puts
+// it in a block) and returns its id.
+func (n *Node) Pay(outputs ...Output) string {
+	n.t.Helper()
+	outs := make([]*wire.TxOut, len(outputs))
+	for i, o := range outputs {
+		addr, err := btcutil.DecodeAddress(o.Address, Params)
+		if err != nil {
+			n.t.Fatalf("btctest: %v", err)
+		}
+		script, err := txscript.PayToAddrScript(addr)
+		if err != nil {
+			n.t.Fatalf("btctest: %v", err)
+		}
+		outs[i] = wire.NewTxOut(o.Sats, script)
+	}
+	txid, err := n.H.SendOutputs(outs, 10)
+	if err != nil {
+		n.t.Fatalf("btctest: pay: %v", err)
+	}
+	return txid.String()
+}
+
+// Invalidate marks the block at a height invalid: the node falls back to
+// its parent (mine again to make the new chain longer).
+func (n *Node) Invalidate(height uint64) {
+	n.t.Helper()
+	hash, err := n.H.Client.GetBlockHash(int64(height))
+	if err != nil {
+		n.t.Fatalf("btctest: %v", err)
+	}
+	if err := n.H.Client.InvalidateBlock(hash); err != nil {
+		n.t.Fatalf("btctest: invalidate block %d: %v", height, err)
+	}
+}

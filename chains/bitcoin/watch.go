@@ -1,0 +1,137 @@
+package bitcoin
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/btcsuite/btcd/btcutil"
+	"github.com/btcsuite/btcd/chaincfg"
+	"github.com/btcsuite/btcd/txscript"
+)
+
+// Given tells which addresses paywatch has handed out below an extended
+// public key: those of indexes from on, in index order, and the next index
+// it will hand out. (The order store implements it.)
+type Given interface {
+	Given(ctx context.Context, xpub string, from uint32) (addresses []string, next uint32, err error)
+}
+
+// DefaultLookahead is how many addresses past the last one handed out a
+// watch set derives ahead, so that an order created while a batch is
+// being read has its address watched already.
+const DefaultLookahead = 1000
+
+// WatchSet is the set of output scripts a Bitcoin network's watcher looks
+// for: every shared receiving address, every address handed out to an
+// order (read from the database, so new orders join without a restart),
+// and the next Lookahead ones of each extended key. It is keyed by output
+// script: a block's outputs are checked without encoding any address.
+type WatchSet struct {
+	params    *chaincfg.Params
+	given     Given
+	Lookahead uint32
+
+	mu      sync.RWMutex
+	scripts map[string]struct{}
+	keys    []*keyWatch
+}
+
+// keyWatch is what a watch set holds of one extended key.
+type keyWatch struct {
+	xpub    string
+	deriver *Deriver
+	loaded  uint32 // addresses of indexes below it were read from given
+	derived uint32 // addresses of indexes below it are in the set
+	next    uint32 // the next index to be handed out, as last read
+}
+
+// NewWatchSet returns the watch set of shared addresses and of the
+// extended keys' addresses, read through given by Refresh.
+func NewWatchSet(chain string, shared []string, derivers map[string]*Deriver, given Given) (*WatchSet, error) {
+	params, err := Params(chain)
+	if err != nil {
+		return nil, err
+	}
+	w := &WatchSet{params: params, given: given, Lookahead: DefaultLookahead, scripts: map[string]struct{}{}}
+	for _, a := range shared {
+		if err := w.add(a); err != nil {
+			return nil, err
+		}
+	}
+	for xpub, d := range derivers {
+		w.keys = append(w.keys, &keyWatch{xpub: xpub, deriver: d})
+	}
+	return w, nil
+}
+
+// add puts an address's output script in the set; the caller holds mu.
+func (w *WatchSet) add(address string) error {
+	a, err := btcutil.DecodeAddress(address, w.params)
+	if err != nil {
+		return fmt.Errorf("watch %s: %w", address, err)
+	}
+	script, err := txscript.PayToAddrScript(a)
+	if err != nil {
+		return fmt.Errorf("watch %s: %w", address, err)
+	}
+	w.scripts[string(script)] = struct{}{}
+	return nil
+}
+
+// Refresh reads the addresses handed out since the last refresh and
+// derives ahead of the last one. Scanning calls it before every batch.
+func (w *WatchSet) Refresh(ctx context.Context) error {
+	for _, k := range w.keys {
+		w.mu.RLock()
+		from := k.loaded
+		w.mu.RUnlock()
+		var addrs []string
+		var next uint32
+		var err error
+		if w.given != nil {
+			if addrs, next, err = w.given.Given(ctx, k.xpub, from); err != nil {
+				return fmt.Errorf("read the addresses of %s…: %w", k.xpub[:12], err)
+			}
+		}
+		w.mu.Lock()
+		for _, a := range addrs {
+			if err := w.add(a); err != nil {
+				w.mu.Unlock()
+				return err
+			}
+		}
+		k.loaded = from + uint32(len(addrs))
+		k.next = max(next, k.loaded)
+		k.derived = max(k.derived, k.loaded)
+		for k.derived < k.next+w.Lookahead {
+			a, err := k.deriver.Address(k.derived)
+			if err != nil {
+				w.mu.Unlock()
+				return err
+			}
+			if err := w.add(a); err != nil {
+				w.mu.Unlock()
+				return err
+			}
+			k.derived++
+		}
+		w.mu.Unlock()
+	}
+	return nil
+}
+
+// Has reports whether an output script pays a watched address.
+func (w *WatchSet) Has(script []byte) bool {
+	w.mu.RLock()
+	_, ok := w.scripts[string(script)]
+	w.mu.RUnlock()
+	return ok
+}
+
+// Len returns how many scripts are watched.
+func (w *WatchSet) Len() int {
+	w.mu.RLock()
+	defer w.mu.RUnlock()
+	return len(w.scripts)
+}
