@@ -43,7 +43,7 @@ var redecided = append(slices.Clone(moneyReasons), ReasonOrphanedPayment)
 // of transitions is rendered from it.
 var Lifecycle = []Transition{
 	{StatusAwaitingPayment, StatusConfirming, ActorReconciler, nil,
-		"a payment is matched and waits for its confirmations"},
+		"a payment is matched and waits for its confirmations, or is seen in a mempool (`confirmations: 0`, \"payment detected\")"},
 	{StatusAwaitingPayment, StatusSettled, ActorReconciler, nil,
 		"a matched payment, already confirmed, is exactly `pay_amount`"},
 	{StatusAwaitingPayment, StatusExpired, ActorReconciler, nil,
@@ -66,6 +66,12 @@ var Lifecycle = []Transition{
 		"a reorg took every payment away"},
 	{StatusConfirming, StatusDisputed, ActorReconciler, []Reason{ReasonAmbiguous},
 		"two orders' customers claimed its only payment: it goes back to the inbox"},
+	{StatusConfirming, StatusAwaitingPayment, ActorReconciler, nil,
+		"its only payment was seen in a mempool, and was replaced or dropped before any block held it"},
+	{StatusConfirming, StatusExpired, ActorReconciler, nil,
+		"as to awaiting payment, past expiry and not marked paid"},
+	{StatusConfirming, StatusDisputed, ActorReconciler, []Reason{ReasonNoPaymentFound},
+		"as to awaiting payment, marked paid and past `paid_grace`"},
 	{StatusExpired, StatusConfirming, ActorReconciler, nil,
 		"a payment is matched after expiry (late, or found late) and waits for its confirmations"},
 	{StatusExpired, StatusSettled, ActorReconciler, nil,
@@ -85,7 +91,7 @@ var Lifecycle = []Transition{
 	{StatusDisputed, StatusConfirming, ActorReconciler, nil,
 		"after a reorg, a part payment to the order's own address before expiry waits for a top-up"},
 	{StatusSettled, StatusConfirming, ActorReconciler, nil,
-		"a reorg moved a payment below its confirmations (the settlement is reversed)"},
+		"a reorg moved a payment below its confirmations, or back to the mempool (the settlement is reversed)"},
 	{StatusSettled, StatusDisputed, ActorReconciler, redecided,
 		"a reorg took the payment, or part of it, away, or gave back a replaced one (the settlement is reversed)"},
 	{StatusDisputed, StatusSettled, ActorOperator, nil, "an operator resolves, with a note"},
@@ -130,6 +136,11 @@ type Facts struct {
 	Received *big.Int
 	// Late: a live transfer was mined after the order expired.
 	Late bool
+	// Mempool sightings of payments to the order: Detected are still in
+	// the mempool (or not yet known to be mined), Withdrawn left it and
+	// are not among its payments (replaced, dropped, or mined where they
+	// cannot pay it). They show a payment early and never pay anything.
+	Detected, Withdrawn int
 }
 
 // Decide returns the status (and dispute reason) an order's facts call for.
@@ -140,7 +151,9 @@ type Facts struct {
 // form (so a reorg is decided as if the replaced transfers had never come,
 // and a transfer mined again as if it had come in its new block); an order
 // settles only when every live payment is confirmed and they sum exactly to
-// the pay amount (or to what an operator accepted); a dispute about money
+// the pay amount (or to what an operator accepted); a payment seen only in
+// a mempool shows the order confirming and pays nothing, and one replaced
+// or dropped there is withdrawn; a dispute about money
 // is decided again whenever the payments change; cancelled and refunded
 // orders are closed.
 func Decide(f Facts) (Status, Reason) {
@@ -155,6 +168,21 @@ func Decide(f Facts) (Status, Reason) {
 		return StatusConfirming, ""
 	}
 	acceptedNothing := f.Accepted != nil && f.Accepted.Sign() == 0
+	if f.Live == 0 && f.Detected > 0 && !acceptedNothing {
+		switch f.Status {
+		case StatusAwaitingPayment, StatusConfirming, StatusSettled:
+			// Payment detected: it waits for a block (a settled order's
+			// payment a reorg sent back to the mempool waits again).
+			return StatusConfirming, ""
+		}
+		return same()
+	}
+	if f.Live == 0 && f.Orphaned == 0 && f.Withdrawn > 0 && f.Status == StatusConfirming && !acceptedNothing {
+		// All it had was a mempool sighting, replaced or dropped: as if it
+		// had never come.
+		f.Status = StatusAwaitingPayment
+		return Decide(f)
+	}
 	if f.Live == 0 && !acceptedNothing {
 		switch {
 		case f.Status == StatusConfirming || f.Status == StatusSettled || (f.Status == StatusDisputed && f.Reason.AboutMoney()):

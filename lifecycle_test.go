@@ -35,6 +35,10 @@ func randomFacts(r *rand.Rand) Facts {
 		m := now.Add(-time.Duration(r.IntN(4)) * time.Hour)
 		f.MarkedPaidAt = &m
 	}
+	if r.IntN(3) == 0 {
+		f.Detected = r.IntN(2)
+		f.Withdrawn = r.IntN(2)
+	}
 	if f.Status == StatusSettled && r.IntN(3) == 0 {
 		f.Accepted = big.NewInt([]int64{0, 80, 100}[r.IntN(3)])
 	}
@@ -138,6 +142,23 @@ func TestDecideScenarios(t *testing.T) {
 		}, StatusSettled, ""},
 		{"confirming, its payment mined again before the order existed", func(f *Facts) { f.Status = StatusConfirming }, StatusDisputed, ReasonOrphanedPayment},
 		{"refunded stays refunded", func(f *Facts) { f.Status, f.Orphaned = StatusRefunded, 1 }, StatusRefunded, ""},
+		{"payment detected in the mempool", func(f *Facts) { f.Status, f.Detected = StatusAwaitingPayment, 1 }, StatusConfirming, ""},
+		{"detected, past expiry: waits for its block", func(f *Facts) {
+			f.Status, f.Detected, f.ExpiresAt = StatusConfirming, 1, now.Add(-time.Hour)
+		}, StatusConfirming, ""},
+		{"detected, then replaced", func(f *Facts) { f.Status, f.Withdrawn = StatusConfirming, 1 }, StatusAwaitingPayment, ""},
+		{"detected, replaced, past expiry", func(f *Facts) {
+			f.Status, f.Withdrawn, f.ExpiresAt = StatusAwaitingPayment, 1, now.Add(-time.Hour)
+		}, StatusExpired, ""},
+		{"settled, its payment back in the mempool after a reorg", func(f *Facts) {
+			f.Status, f.Orphaned, f.Detected = StatusSettled, 1, 1
+		}, StatusConfirming, ""},
+		{"mined and orphaned, the mempool copy replaced", func(f *Facts) {
+			f.Status, f.Orphaned, f.Withdrawn = StatusConfirming, 1, 1
+		}, StatusDisputed, ReasonOrphanedPayment},
+		{"detected never settles a dispute", func(f *Facts) {
+			f.Status, f.Reason, f.Detected = StatusDisputed, ReasonNoPaymentFound, 1
+		}, StatusDisputed, ReasonNoPaymentFound},
 		{"two exact payments to a shared address", func(f *Facts) {
 			f.Status, f.Live, f.Received = StatusConfirming, 2, big.NewInt(200)
 		}, StatusDisputed, ReasonMultiplePayments},

@@ -74,7 +74,8 @@ type Order struct {
 	ExpiresAt            time.Time
 	MonitorUntil         time.Time // expiry plus the monitoring window
 	SettledAt            *time.Time
-	// ReceivedAmount is the sum of matched transfers that are not orphaned.
+	// ReceivedAmount is the sum of matched transfers that are not orphaned
+	// (in blocks: a payment seen only in a mempool is not received yet).
 	ReceivedAmount *big.Int
 	Transfers      []Transfer
 }
@@ -97,6 +98,9 @@ const (
 	TransferSeen      TransferState = "seen"
 	TransferConfirmed TransferState = "confirmed"
 	TransferOrphaned  TransferState = "orphaned"
+	// TransferMempool is a payment seen in a mempool, in no block yet: it
+	// shows on its order and pays nothing.
+	TransferMempool TransferState = "mempool"
 )
 
 // Flags the reconciler sets on transfers. (The chain adapters set theirs:

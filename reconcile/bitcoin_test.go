@@ -2,9 +2,11 @@ package reconcile_test
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"log/slog"
 	"math/big"
+	"slices"
 	"testing"
 	"time"
 
@@ -27,6 +29,7 @@ type btcEnv struct {
 	asset   *paywatch.Asset
 	scanner *scan.Scanner
 	source  *bitcoin.Source
+	memp    *bitcoin.Mempool
 }
 
 func newBTCEnv(t *testing.T) *btcEnv {
@@ -56,7 +59,9 @@ func newBTCEnv(t *testing.T) *btcEnv {
 	scans.Now = clk.Now
 	f.rec.Lookups = map[string]reconcile.TxLookup{"btc": src}
 	f.rec.Record = scans.Record
-	e := &btcEnv{fixture: f, node: node, network: n, asset: asset, scanner: scan.NewScanner(n, src, scans, log), source: src}
+	memp := bitcoin.NewMempool(src, db, log)
+	memp.Now = clk.Now
+	e := &btcEnv{fixture: f, node: node, network: n, asset: asset, scanner: scan.NewScanner(n, src, scans, log), source: src, memp: memp}
 	t.Cleanup(func() {
 		e.sync()
 		f.check()
@@ -88,6 +93,40 @@ func (e *btcEnv) sync() {
 		}
 	}
 	e.pass()
+}
+
+// mempool reads the node's mempool once.
+func (e *btcEnv) mempool() {
+	e.t.Helper()
+	if _, err := e.memp.Step(context.Background()); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// get reads an order as the API shows it.
+func (e *btcEnv) get(o *paywatch.Order) *paywatch.Order {
+	e.t.Helper()
+	got, err := e.store.Get(context.Background(), o.ID)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return got
+}
+
+// statusChanges lists an order's status changes as "from>to".
+func (e *btcEnv) statusChanges(o *paywatch.Order) []string {
+	e.t.Helper()
+	evs, err := e.store.Events(context.Background(), o.ID)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var moves []string
+	for _, ev := range evs {
+		if ev.Type == "status_changed" {
+			moves = append(moves, string(ev.FromStatus)+">"+string(ev.ToStatus))
+		}
+	}
+	return moves
 }
 
 // An order paid to its own address: confirming once mined, settled after
@@ -156,5 +195,183 @@ func TestBitcoinClaimFoundBeforeTheScanner(t *testing.T) {
 	var n int
 	if err := e.db.Get(&n, `SELECT count(*) FROM transfers`); err != nil || n != 1 {
 		t.Fatalf("%d transfers (%v)", n, err)
+	}
+}
+
+// A payment is "detected" as soon as it is in the node's mempool: the order
+// is confirming with 0 confirmations and the payment listed as in the
+// mempool, nothing received or settled; once mined it is the same payment,
+// listed once, and the order settles after its confirmations with no
+// step back on its timeline.
+func TestBitcoinPaymentDetected(t *testing.T) {
+	e := newBTCEnv(t)
+	e.sync()
+	o := e.order(150_000)
+	txid := e.node.Pay(btctest.Output{Address: o.PayAddress, Sats: 150_000})
+	e.mempool()
+	e.pass()
+	got := e.get(o)
+	if got.Status != paywatch.StatusConfirming || got.ReceivedAmount.Sign() != 0 || len(got.Transfers) != 1 ||
+		got.Transfers[0].State != paywatch.TransferMempool || got.Transfers[0].TxHash != txid || got.Transfers[0].Confirmations != 0 {
+		t.Fatalf("after the mempool read: %s, received %s, transfers %+v", got.Status, got.ReceivedAmount, got.Transfers)
+	}
+	if evs := e.events(o); !slices.Contains(evs, "payment_detected") {
+		t.Fatalf("timeline %v", evs)
+	}
+	if got := e.balance("receivable:btc:BTC") + e.balance("settled:btc:BTC"); got != "00" {
+		t.Fatalf("a mempool payment reached the ledger: %s", got)
+	}
+
+	// Mined: the mempool read sees it gone before the scanner has the
+	// block; the order does not step back meanwhile.
+	e.node.Mine(1)
+	e.mempool()
+	e.pass()
+	e.expect(o, paywatch.StatusConfirming, "")
+	e.sync()
+	got = e.get(o)
+	if len(got.Transfers) != 1 || got.Transfers[0].State != paywatch.TransferSeen || got.Transfers[0].Confirmations != 1 ||
+		got.ReceivedAmount.Int64() != 150_000 {
+		t.Fatalf("once mined: transfers %+v, received %s", got.Transfers, got.ReceivedAmount)
+	}
+	e.node.Mine(1)
+	e.sync()
+	e.expect(o, paywatch.StatusSettled, "")
+	if moves := e.statusChanges(o); !slices.Equal(moves, []string{"awaiting_payment>confirming", "confirming>settled"}) {
+		t.Fatalf("status changes %v", moves)
+	}
+	var reason string
+	if err := e.db.Get(&reason, `SELECT left_reason FROM mempool_transfers WHERE tx_hash = $1`, txid); err != nil || reason != "mined" {
+		t.Fatalf("mempool sighting ended as %q (%v)", reason, err)
+	}
+}
+
+// A replaced (RBF) payment leaves the "detected" view: the order goes back
+// to awaiting payment and its timeline says the payment was replaced, and
+// by what. A replacement that still pays the order (a fee bump) keeps it
+// confirming.
+func TestBitcoinReplacedPaymentWithdrawn(t *testing.T) {
+	e := newBTCEnv(t)
+	o := e.order(150_000)
+	bumped := e.order(90_000)
+	coin, coin2 := e.node.Coin(500_000), e.node.Coin(500_000)
+	e.sync()
+	first, err := e.node.Spend(coin, 1_000, btctest.Output{Address: o.PayAddress, Sats: 150_000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	slow, err := e.node.Spend(coin2, 1_000, btctest.Output{Address: bumped.PayAddress, Sats: 90_000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.mempool()
+	e.pass()
+	e.expect(o, paywatch.StatusConfirming, "")
+	e.expect(bumped, paywatch.StatusConfirming, "")
+
+	// The customer replaces the payment with one to themselves, and the
+	// other bumps the fee of theirs.
+	elsewhere := "bcrt1qw508d6qejxtdg4y5r3zarvary0c5xw7kygt080"
+	replacement, err := e.node.Spend(coin, 20_000, btctest.Output{Address: elsewhere, Sats: 150_000})
+	if err != nil {
+		t.Fatalf("the node refused the replacement: %v", err)
+	}
+	fast, err := e.node.Spend(coin2, 20_000, btctest.Output{Address: bumped.PayAddress, Sats: 90_000})
+	if err != nil {
+		t.Fatalf("the node refused the fee bump: %v", err)
+	}
+	if e.node.InMempool(first) || e.node.InMempool(slow) {
+		t.Fatal("the replaced transactions are still in the mempool: the test tests nothing")
+	}
+	e.mempool()
+	e.pass()
+	e.expect(o, paywatch.StatusAwaitingPayment, "")
+	e.expect(bumped, paywatch.StatusConfirming, "")
+	var detail struct {
+		TxHash     string `json:"tx_hash"`
+		Why        string `json:"why"`
+		ReplacedBy string `json:"replaced_by"`
+	}
+	evs, err := e.store.Events(context.Background(), o.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ev := range evs {
+		if ev.Type == "payment_withdrawn" {
+			_ = json.Unmarshal(ev.Detail, &detail)
+		}
+	}
+	if detail.TxHash != first || detail.Why != "replaced" || detail.ReplacedBy != replacement {
+		t.Fatalf("withdrawal on the timeline: %+v", detail)
+	}
+	if got := e.get(o); len(got.Transfers) != 0 {
+		t.Fatalf("the replaced payment is still listed: %+v", got.Transfers)
+	}
+	if got := e.get(bumped); len(got.Transfers) != 1 || got.Transfers[0].TxHash != fast {
+		t.Fatalf("the fee bump is not the payment listed: %+v", got.Transfers)
+	}
+	if moves := e.statusChanges(bumped); !slices.Equal(moves, []string{"awaiting_payment>confirming"}) {
+		t.Fatalf("the fee-bumped order moved: %v", moves)
+	}
+
+	// Mined: the replacement pays nothing watched; the bump settles.
+	e.node.Mine(2)
+	e.mempool()
+	e.sync()
+	e.expect(o, paywatch.StatusAwaitingPayment, "")
+	e.expect(bumped, paywatch.StatusSettled, "")
+	e.clock.Advance(expires + time.Minute)
+	e.sync()
+	e.expect(o, paywatch.StatusExpired, "")
+}
+
+// A reorg made with invalidateblock takes the payment's block away before
+// it is confirmed: nothing settles on the orphaned block, the payment
+// goes back to the mempool (detected again) and, mined again in the new
+// chain, is the same payment counted once.
+func TestBitcoinReorgBeforeSettlement(t *testing.T) {
+	e := newBTCEnv(t)
+	e.sync()
+	o := e.order(150_000)
+	txid := e.node.Pay(btctest.Output{Address: o.PayAddress, Sats: 150_000})
+	e.node.Mine(1)
+	e.mempool()
+	e.sync()
+	e.expect(o, paywatch.StatusConfirming, "")
+	var oldHash string
+	if err := e.db.Get(&oldHash, `SELECT block_hash FROM transfers WHERE tx_hash = $1`, txid); err != nil {
+		t.Fatal(err)
+	}
+	e.node.Invalidate(e.node.Height())
+	if !e.node.InMempool(txid) {
+		t.Fatal("the payment did not go back to the mempool")
+	}
+	e.mempool()
+	e.node.Mine(1) // the fork: as long as the old chain, no confirmation yet
+	e.sync()
+	e.expect(o, paywatch.StatusConfirming, "")
+	if got := e.balance("settled:btc:BTC"); got != "0" {
+		t.Fatalf("settled %s", got)
+	}
+	e.node.Mine(1)
+	e.mempool()
+	e.sync()
+	e.expect(o, paywatch.StatusSettled, "")
+	var rows []struct {
+		Hash  string `db:"block_hash"`
+		Block uint64 `db:"block_number"`
+		State string `db:"state"`
+	}
+	if err := e.db.Select(&rows, `SELECT block_hash, block_number, state FROM transfers WHERE tx_hash = $1`, txid); err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 1 || rows[0].Hash == oldHash || rows[0].State != "confirmed" {
+		t.Fatalf("the payment after the reorg: %+v (orphaned block %s)", rows, oldHash)
+	}
+	if canonical, err := e.node.H.Client.GetBlockHash(int64(rows[0].Block)); err != nil || canonical.String() != rows[0].Hash {
+		t.Fatalf("settled on block %s, the node's is %v (%v)", rows[0].Hash, canonical, err)
+	}
+	if got := e.balance("settled:btc:BTC"); got != "150000" {
+		t.Fatalf("settled %s", got)
 	}
 }

@@ -71,17 +71,18 @@ type Result struct {
 	Claims      int64 // customers' tx hash claims decided (linked or rejected)
 	Entries     int64 // ledger entries posted (receipts, attributions, reversals)
 	Transitions int64 // order status changes
+	Mempool     int64 // mempool sightings tied to orders or ended
 }
 
 func (r Result) String() string {
-	return fmt.Sprintf("matched=%d ambiguous=%d claims=%d entries=%d transitions=%d",
-		r.Matched, r.Ambiguous, r.Claims, r.Entries, r.Transitions)
+	return fmt.Sprintf("matched=%d ambiguous=%d claims=%d entries=%d transitions=%d mempool=%d",
+		r.Matched, r.Ambiguous, r.Claims, r.Entries, r.Transitions, r.Mempool)
 }
 
 func (r *Reconciler) now() time.Time { return r.Now().UTC().Truncate(time.Microsecond) }
 
-// Pass runs one reconciliation: match, follow claims, post ledger entries,
-// move orders.
+// Pass runs one reconciliation: follow mempool sightings, match, follow
+// claims, post ledger entries, move orders.
 //
 // A step can give the one before it work: a transfer the ledger step takes
 // from an order it no longer pays may be another order's exact payment, an
@@ -98,6 +99,7 @@ func (r *Reconciler) Pass(ctx context.Context) (Result, error) {
 		total.Claims += res.Claims
 		total.Entries += res.Entries
 		total.Transitions += res.Transitions
+		total.Mempool += res.Mempool
 		if err != nil {
 			return total, err
 		}
@@ -107,7 +109,7 @@ func (r *Reconciler) Pass(ctx context.Context) (Result, error) {
 	}
 	if total != (Result{}) {
 		r.log.Info("reconciled", "matched", total.Matched, "ambiguous", total.Ambiguous, "claims", total.Claims,
-			"entries", total.Entries, "transitions", total.Transitions)
+			"entries", total.Entries, "transitions", total.Transitions, "mempool", total.Mempool)
 	}
 	return total, nil
 }
@@ -119,6 +121,9 @@ const maxRounds = 4
 func (r *Reconciler) round(ctx context.Context, now time.Time) (Result, error) {
 	var res Result
 	var err error
+	if res.Mempool, err = r.mempool(ctx, now); err != nil {
+		return res, err
+	}
 	if res.Ambiguous, err = r.flagAmbiguous(ctx, now); err != nil {
 		return res, fmt.Errorf("flag ambiguous transfers: %w", err)
 	}

@@ -106,7 +106,10 @@ const orderFacts = `o.id, o.status, o.dispute_reason, o.pay_amount, o.accepted_a
 // with their matched transfers joined as t, grouped by order: a transfer
 // counts as confirmed only once the ledger has attributed it (and it is
 // neither provisional nor moved since), so that a settlement moves exactly
-// what the order's account holds.
+// what the order's account holds. Mempool sightings are counted apart:
+// detected (still in the mempool, or not yet known to be mined) and
+// withdrawn (left it, and not as a payment of the order: replaced,
+// dropped, or mined where it cannot pay it).
 const factsSelect = `l.id AS oid, l.status, l.dispute_reason, l.pay_amount::text AS pay_amount,
 	l.accepted_amount::text AS accepted_amount, l.shared, l.expires_at, l.customer_marked_paid_at, l.network, l.asset,
 	count(t.id) FILTER (WHERE t.state <> 'orphaned') AS live,
@@ -114,7 +117,11 @@ const factsSelect = `l.id AS oid, l.status, l.dispute_reason, l.pay_amount::text
 		AND NOT t.ledger_dirty AND t.attribution_entry IS NOT NULL)) AS unconfirmed,
 	count(t.id) FILTER (WHERE t.state = 'orphaned') AS orphaned,
 	coalesce(sum(t.amount) FILTER (WHERE t.state <> 'orphaned'), 0)::text AS received,
-	coalesce(bool_or(coalesce(t.block_time, t.first_seen_at) > l.expires_at) FILTER (WHERE t.state <> 'orphaned'), false) AS late`
+	coalesce(bool_or(coalesce(t.block_time, t.first_seen_at) > l.expires_at) FILTER (WHERE t.state <> 'orphaned'), false) AS late,
+	(SELECT count(*) FROM mempool_transfers m WHERE m.order_id = l.id AND m.left_at IS NULL) AS detected,
+	(SELECT count(*) FROM mempool_transfers m WHERE m.order_id = l.id AND m.left_at IS NOT NULL
+		AND NOT EXISTS (SELECT 1 FROM transfers mt WHERE mt.network = m.network AND mt.tx_hash = m.tx_hash
+			AND mt.tx_key = m.tx_key AND mt.order_id = l.id AND mt.state <> 'orphaned')) AS withdrawn`
 
 const factsGroup = `l.id, l.status, l.dispute_reason, l.pay_amount, l.accepted_amount, l.shared, l.expires_at,
 	l.customer_marked_paid_at, l.network, l.asset`

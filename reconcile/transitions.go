@@ -34,6 +34,8 @@ type factsRow struct {
 	Orphaned  int        `db:"orphaned"`
 	Received  string     `db:"received"`
 	Late      bool       `db:"late"`
+	Detected  int        `db:"detected"`
+	Withdrawn int        `db:"withdrawn"`
 }
 
 func (f *factsRow) facts(now time.Time, grace time.Duration) (paywatch.Facts, error) {
@@ -44,7 +46,8 @@ func (f *factsRow) facts(now time.Time, grace time.Duration) (paywatch.Facts, er
 	}
 	facts := paywatch.Facts{Status: paywatch.Status(*f.Status), Shared: *f.Shared, PayAmount: pay,
 		ExpiresAt: *f.ExpiresAt, MarkedPaidAt: f.MarkedAt, PaidGrace: grace, Now: now,
-		Live: f.Live, Unconfirmed: f.Unconf, Orphaned: f.Orphaned, Received: received, Late: f.Late}
+		Live: f.Live, Unconfirmed: f.Unconf, Orphaned: f.Orphaned, Received: received, Late: f.Late,
+		Detected: f.Detected, Withdrawn: f.Withdrawn}
 	if f.Reason != nil {
 		facts.Reason = paywatch.Reason(*f.Reason)
 	}
@@ -114,6 +117,12 @@ func (r *Reconciler) decide(ctx context.Context, tx *sqlx.Tx, now time.Time, row
 				row.ID, f.Status, f.Reason, status, reason)
 		}
 		cause := ""
+		switch {
+		case f.Status == paywatch.StatusConfirming && f.Live == 0 && f.Detected == 0 && f.Withdrawn > 0:
+			cause = "payment_withdrawn"
+		case status == paywatch.StatusConfirming && f.Live == 0:
+			cause = "payment_detected"
+		}
 		if f.Status == paywatch.StatusSettled {
 			cause = "reorg"
 			unsettle = append(unsettle, row.ID)

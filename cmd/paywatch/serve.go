@@ -111,6 +111,8 @@ type daemon struct {
 type watcher struct {
 	network *paywatch.Network
 	scanner *scan.Scanner
+	// mempool shows Bitcoin payments before a block holds them.
+	mempool *bitcoin.Mempool
 	close   func()
 }
 
@@ -154,7 +156,12 @@ func newDaemon(ctx context.Context, log *slog.Logger, cfg *config.Config) (*daem
 			d.Close()
 			return nil, fmt.Errorf("network %s: %w", n.Name, err)
 		}
-		d.watchers = append(d.watchers, watcher{network: n, scanner: scan.NewScanner(n, src, scans, log), close: closeSrc})
+		w := watcher{network: n, scanner: scan.NewScanner(n, src, scans, log), close: closeSrc}
+		if b, ok := src.(*bitcoin.Source); ok {
+			w.mempool = bitcoin.NewMempool(b, db, log)
+			w.mempool.Interval = min(w.mempool.Interval, max(n.PollInterval, 100*time.Millisecond))
+		}
+		d.watchers = append(d.watchers, w)
 		rec.Lookups[n.Name] = src
 	}
 	return d, nil
@@ -175,6 +182,17 @@ func (d *daemon) Run(ctx context.Context) error {
 			err := scan.RunLeased(watchCtx, d.db, "scan:"+w.network.Name, leaseInterval, d.log, w.scanner.Run)
 			if err != nil && watchCtx.Err() == nil {
 				d.log.Error("watcher stopped", "network", w.network.Name, "err", err)
+			}
+		}()
+		if w.mempool == nil {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			err := scan.RunLeased(watchCtx, d.db, "mempool:"+w.network.Name, leaseInterval, d.log, w.mempool.Run)
+			if err != nil && watchCtx.Err() == nil {
+				d.log.Error("mempool watcher stopped", "network", w.network.Name, "err", err)
 			}
 		}()
 	}

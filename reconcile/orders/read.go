@@ -176,6 +176,12 @@ const TransferColumns = `t.id, t.order_id, t.network, t.asset, t.asset_contract,
 	CASE WHEN t.state = 'orphaned' OR c.head IS NULL OR c.head < t.block_number THEN 0
 	     ELSE c.head - t.block_number + 1 END AS confirmations`
 
+// mempoolColumns selects a payment seen in a mempool (mempool_transfers
+// as m) like a transfer: state mempool, no block, 0 confirmations.
+const mempoolColumns = `m.id, m.order_id, m.network, m.asset, '' AS asset_contract, m.tx_hash, m.idx,
+	'' AS from_address, m.to_address, m.amount::text AS amount, 0::bigint AS block_number, '' AS block_hash,
+	'` + string(paywatch.TransferMempool) + `' AS state, m.flags, m.first_seen_at, 0::bigint AS confirmations`
+
 func (r *transferRow) transfer() (paywatch.Transfer, error) {
 	amount, err := units(r.Amount, "amount of transfer "+r.ID)
 	if err != nil {
@@ -209,9 +215,16 @@ func (s *Store) attachTransfers(ctx context.Context, orders []*paywatch.Order) e
 		ids[i] = o.ID
 	}
 	var rows []transferRow
-	if err := s.db.SelectContext(ctx, &rows, `SELECT `+TransferColumns+`
+	if err := s.db.SelectContext(ctx, &rows, `SELECT * FROM (
+		SELECT `+TransferColumns+`
 		FROM transfers t LEFT JOIN chain_cursors c ON c.network = t.network
-		WHERE t.order_id = ANY($1) ORDER BY t.block_number, t.idx`, pq.Array(ids)); err != nil {
+		WHERE t.order_id = ANY($1)
+		UNION ALL
+		SELECT `+mempoolColumns+`
+		FROM mempool_transfers m
+		WHERE m.order_id = ANY($1) AND m.left_at IS NULL AND NOT EXISTS (SELECT 1 FROM transfers t
+			WHERE t.network = m.network AND t.tx_hash = m.tx_hash AND t.tx_key = m.tx_key AND t.state <> 'orphaned')
+	) x ORDER BY state = 'mempool', block_number, first_seen_at, idx`, pq.Array(ids)); err != nil {
 		return fmt.Errorf("read transfers of orders: %w", err)
 	}
 	for i := range rows {
@@ -221,7 +234,7 @@ func (s *Store) attachTransfers(ctx context.Context, orders []*paywatch.Order) e
 		}
 		o := byID[t.OrderID]
 		o.Transfers = append(o.Transfers, t)
-		if t.State != paywatch.TransferOrphaned {
+		if t.State != paywatch.TransferOrphaned && t.State != paywatch.TransferMempool {
 			o.ReceivedAmount.Add(o.ReceivedAmount, t.Amount)
 		}
 	}

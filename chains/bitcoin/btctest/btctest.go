@@ -4,11 +4,13 @@
 package btctest
 
 import (
+	"bytes"
 	"os"
 	"path/filepath"
 	"sync"
 	"testing"
 
+	"github.com/btcsuite/btcd/btcec/v2"
 	"github.com/btcsuite/btcd/btcutil"
 	"github.com/btcsuite/btcd/chaincfg"
 	"github.com/btcsuite/btcd/chaincfg/chainhash"
@@ -120,4 +122,104 @@ func (n *Node) Invalidate(height uint64) {
 	if err := n.H.Client.InvalidateBlock(hash); err != nil {
 		n.t.Fatalf("btctest: invalidate block %d: %v", height, err)
 	}
+}
+
+// Coin is an output whose key the test holds, so that it can spend it as
+// a customer would: with a replaceable transaction, then a replacement.
+type Coin struct {
+	OutPoint wire.OutPoint
+	Sats     int64
+	key      *btcec.PrivateKey
+	script   []byte
+}
+
+// Coin pays sats from the node's wallet to a new key (P2PKH) and mines the
+// payment, so that the coin can be spent at once.
+func (n *Node) Coin(sats int64) *Coin {
+	n.t.Helper()
+	key, err := btcec.NewPrivateKey()
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	addr, err := btcutil.NewAddressPubKeyHash(btcutil.Hash160(key.PubKey().SerializeCompressed()), Params)
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	script, err := txscript.PayToAddrScript(addr)
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	txid, err := n.H.SendOutputs([]*wire.TxOut{wire.NewTxOut(sats, script)}, 10)
+	if err != nil {
+		n.t.Fatalf("btctest: fund a coin: %v", err)
+	}
+	n.Mine(1)
+	tx, err := n.H.Client.GetRawTransaction(txid)
+	if err != nil {
+		n.t.Fatalf("btctest: %v", err)
+	}
+	for i, out := range tx.MsgTx().TxOut {
+		if bytes.Equal(out.PkScript, script) {
+			return &Coin{OutPoint: *wire.NewOutPoint(txid, uint32(i)), Sats: sats, key: key, script: script}
+		}
+	}
+	n.t.Fatal("btctest: the funding transaction does not pay the coin")
+	return nil
+}
+
+// Spend sends a transaction spending the coin to outputs, leaving fee sats
+// to the miner and the rest back to the coin's key, and signalling that it
+// may be replaced (BIP 125). Spending a coin again is a replacement: the
+// node takes it if it pays a higher fee. It returns the txid, or the
+// node's refusal.
+func (n *Node) Spend(c *Coin, fee int64, outputs ...Output) (string, error) {
+	n.t.Helper()
+	tx := wire.NewMsgTx(2)
+	in := wire.NewTxIn(&c.OutPoint, nil, nil)
+	in.Sequence = wire.MaxTxInSequenceNum - 2 // replaceable
+	tx.AddTxIn(in)
+	rest := c.Sats - fee
+	for _, o := range outputs {
+		addr, err := btcutil.DecodeAddress(o.Address, Params)
+		if err != nil {
+			n.t.Fatalf("btctest: %v", err)
+		}
+		script, err := txscript.PayToAddrScript(addr)
+		if err != nil {
+			n.t.Fatalf("btctest: %v", err)
+		}
+		tx.AddTxOut(wire.NewTxOut(o.Sats, script))
+		rest -= o.Sats
+	}
+	if rest < 0 {
+		n.t.Fatalf("btctest: the coin holds %d sats, the outputs and fee want %d more", c.Sats, -rest)
+	}
+	if rest >= 1000 {
+		tx.AddTxOut(wire.NewTxOut(rest, c.script))
+	}
+	sig, err := txscript.SignatureScript(tx, 0, c.script, txscript.SigHashAll, c.key, true)
+	if err != nil {
+		n.t.Fatalf("btctest: sign: %v", err)
+	}
+	tx.TxIn[0].SignatureScript = sig
+	hash, err := n.H.Client.SendRawTransaction(tx, true)
+	if err != nil {
+		return "", err
+	}
+	return hash.String(), nil
+}
+
+// InMempool reports whether the node's mempool holds the transaction.
+func (n *Node) InMempool(txid string) bool {
+	n.t.Helper()
+	ids, err := n.H.Client.GetRawMempool()
+	if err != nil {
+		n.t.Fatalf("btctest: %v", err)
+	}
+	for _, id := range ids {
+		if id.String() == txid {
+			return true
+		}
+	}
+	return false
 }

@@ -37,7 +37,7 @@ type orderTransfer struct {
 	Amount        string                 `json:"amount"`
 	Confirmations uint64                 `json:"confirmations"`
 	State         paywatch.TransferState `json:"state"`
-	BlockNumber   uint64                 `json:"block_number"`
+	BlockNumber   *uint64                `json:"block_number"` // null in the mempool
 }
 
 type transferView struct {
@@ -114,8 +114,12 @@ func (s *Server) orderView(o *paywatch.Order) orderView {
 	}
 	first := true
 	for _, t := range o.Transfers {
-		v.Transfers = append(v.Transfers, orderTransfer{ID: t.ID, TxHash: t.TxHash, Amount: format(t.Amount),
-			Confirmations: t.Confirmations, State: t.State, BlockNumber: t.BlockNumber})
+		ot := orderTransfer{ID: t.ID, TxHash: t.TxHash, Amount: format(t.Amount),
+			Confirmations: t.Confirmations, State: t.State}
+		if t.State != paywatch.TransferMempool {
+			ot.BlockNumber = &t.BlockNumber
+		}
+		v.Transfers = append(v.Transfers, ot)
 		if t.State == paywatch.TransferOrphaned {
 			continue
 		}

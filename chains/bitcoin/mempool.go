@@ -1,0 +1,329 @@
+package bitcoin
+
+import (
+	"bytes"
+	"context"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"math/big"
+	"strconv"
+	"time"
+
+	"github.com/btcsuite/btcd/wire"
+	"github.com/jmoiron/sqlx"
+	"github.com/lib/pq"
+
+	"github.com/paywatch/paywatch"
+	"github.com/paywatch/paywatch/migrations/pg"
+)
+
+// Mempool watches a node's mempool for payments to watched addresses, so
+// that an order shows "payment detected" seconds after the customer pays,
+// long before a block holds the payment. What it records never pays
+// anything: the reconciler shows it and withdraws it when the transaction
+// is replaced or dropped.
+//
+// Each step reads the mempool's txids (getrawmempool), then the node's
+// height, then the transactions not inspected before (getrawtransaction,
+// raw, in batches). A watched transaction missing from the mempool is
+// recorded with that height: once the scanner has passed it, the
+// reconciler knows whether it was mined (it is a transfer), replaced (a
+// transaction seen spending one of its inputs) or dropped.
+type Mempool struct {
+	src *Source
+	db  *sqlx.DB
+	log *slog.Logger
+	// Now is the clock; tests replace it.
+	Now func() time.Time
+	// Interval is the time between steps; MaxFetch bounds the transactions
+	// one step reads (a node's first mempool may hold hundreds of
+	// thousands: the rest are read by the steps that follow at once).
+	Interval time.Duration
+	MaxFetch int
+
+	// known are the txids of the last mempool read, already inspected;
+	// tracked the watched transactions not missing, with the outpoints
+	// they spend.
+	known   map[string]struct{}
+	tracked map[string][]string
+	loaded  bool
+}
+
+// DefaultMempoolInterval is the time between mempool reads.
+const DefaultMempoolInterval = 2 * time.Second
+
+// mempoolBatch is how many raw transactions one request reads.
+const mempoolBatch = 250
+
+// NewMempool returns a mempool watcher reading through src's nodes and
+// watch set, recording into db.
+func NewMempool(src *Source, db *sqlx.DB, log *slog.Logger) *Mempool {
+	return &Mempool{src: src, db: db, log: log.With("network", src.network.Name, "watcher", "mempool"), Now: time.Now,
+		Interval: DefaultMempoolInterval, MaxFetch: 20 * mempoolBatch}
+}
+
+// Run steps until ctx ends; errors are logged and retried at the next
+// interval (the mempool is a courtesy view: the scanner is what counts).
+func (m *Mempool) Run(ctx context.Context) error {
+	failures := 0
+	for {
+		more, err := m.Step(ctx)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		wait := m.Interval
+		switch {
+		case err != nil:
+			failures++
+			if failures == 1 || failures%30 == 0 {
+				m.log.Warn("mempool read failed", "err", err, "failures", failures)
+			}
+		case more:
+			failures, wait = 0, 0
+		default:
+			failures = 0
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(wait):
+		}
+	}
+}
+
+// sighting is a watched output of a transaction in the mempool.
+type sighting struct {
+	txid   string
+	vout   int
+	to     string
+	amount *big.Int
+	flags  []string
+	spends []string
+}
+
+// Step reads the mempool once and records what changed. It reports
+// whether transactions are left to inspect (MaxFetch was reached).
+func (m *Mempool) Step(ctx context.Context) (more bool, err error) {
+	network := m.src.network.Name
+	if !m.loaded {
+		if err := m.load(ctx); err != nil {
+			return false, err
+		}
+	}
+	if err := m.src.watch.Refresh(ctx); err != nil {
+		return false, err
+	}
+	var ids []string
+	var height int64
+	// The mempool first, then the height: a block that took a transaction
+	// out of the mempool is at or below the height read after.
+	err = m.src.nodes.Call(ctx, func(ctx context.Context, c *client) error {
+		if err := c.one(ctx, &ids, "getrawmempool", false); err != nil {
+			return err
+		}
+		return c.one(ctx, &height, "getblockcount")
+	})
+	if err != nil {
+		return false, fmt.Errorf("read the mempool: %w", err)
+	}
+	current := make(map[string]struct{}, len(ids))
+	var fresh []string
+	for _, id := range ids {
+		current[id] = struct{}{}
+		if _, ok := m.known[id]; !ok && ValidTxHash(id) {
+			fresh = append(fresh, id)
+		}
+	}
+	if len(fresh) > m.MaxFetch {
+		fresh, more = fresh[:m.MaxFetch], true
+	}
+	txs, err := m.fetch(ctx, fresh)
+	if err != nil {
+		return false, err
+	}
+	var seen []sighting
+	replaced := map[string]string{} // tracked txid → the txid spending one of its inputs
+	spentBy := map[string]string{}  // outpoint → tracked txid
+	for txid, spends := range m.tracked {
+		for _, op := range spends {
+			spentBy[op] = txid
+		}
+	}
+	for txid, tx := range txs {
+		var spends []string
+		for _, in := range tx.TxIn {
+			op := in.PreviousOutPoint.String()
+			spends = append(spends, op)
+			if other, ok := spentBy[op]; ok && other != txid {
+				replaced[other] = txid
+			}
+		}
+		for i, out := range tx.TxOut {
+			if out.Value <= 0 || !m.src.watch.Has(out.PkScript) {
+				continue
+			}
+			s := sighting{txid: txid, vout: i, to: m.src.address(out.PkScript), amount: big.NewInt(out.Value), spends: spends}
+			if d := m.src.asset.Dust; d != nil && s.amount.Cmp(d) < 0 {
+				s.flags = []string{"dust"}
+			}
+			seen = append(seen, s)
+		}
+	}
+	var gone []string
+	for txid := range m.tracked {
+		if _, ok := current[txid]; !ok {
+			gone = append(gone, txid)
+		}
+	}
+	if len(seen) > 0 || len(gone) > 0 || len(replaced) > 0 {
+		if err := m.record(ctx, network, uint64(height), seen, gone, replaced); err != nil {
+			return false, err
+		}
+		if len(seen) > 0 {
+			m.log.Info("payments seen in the mempool", "outputs", len(seen))
+		}
+	}
+	// Only now that it is recorded: a failed step reads it all again.
+	known := make(map[string]struct{}, len(current))
+	for id := range m.known {
+		if _, ok := current[id]; ok {
+			known[id] = struct{}{}
+		}
+	}
+	for txid := range txs {
+		known[txid] = struct{}{}
+	}
+	for _, id := range fresh {
+		if _, ok := txs[id]; !ok {
+			known[id] = struct{}{} // gone before it could be read: nothing to see
+		}
+	}
+	m.known = known
+	for _, txid := range gone {
+		delete(m.tracked, txid)
+	}
+	for _, s := range seen {
+		m.tracked[s.txid] = s.spends
+	}
+	return more, nil
+}
+
+// load reads the watched transactions still in the mempool as last seen.
+func (m *Mempool) load(ctx context.Context) error {
+	var rows []struct {
+		TxHash string         `db:"tx_hash"`
+		Spends pq.StringArray `db:"spends"`
+	}
+	if err := m.db.SelectContext(ctx, &rows, `SELECT DISTINCT ON (tx_hash) tx_hash, spends FROM mempool_transfers
+		WHERE network = $1 AND left_at IS NULL AND missing_at_height IS NULL`, m.src.network.Name); err != nil {
+		return fmt.Errorf("read the mempool's watched transactions: %w", err)
+	}
+	m.tracked = make(map[string][]string, len(rows))
+	for _, r := range rows {
+		m.tracked[r.TxHash] = r.Spends
+	}
+	m.known = map[string]struct{}{}
+	m.loaded = true
+	return nil
+}
+
+// fetch reads raw transactions by txid; those the node no longer has are
+// left out.
+func (m *Mempool) fetch(ctx context.Context, ids []string) (map[string]*wire.MsgTx, error) {
+	out := make(map[string]*wire.MsgTx, len(ids))
+	for start := 0; start < len(ids); start += mempoolBatch {
+		part := ids[start:min(start+mempoolBatch, len(ids))]
+		raws := make([]string, len(part))
+		err := m.src.nodes.Call(ctx, func(ctx context.Context, c *client) error {
+			calls := make([]*call, len(part))
+			for i, id := range part {
+				calls[i] = &call{Method: "getrawtransaction", Params: []any{id, 0}, Result: &raws[i]}
+			}
+			if err := c.do(ctx, calls); err != nil {
+				return err
+			}
+			for i, cl := range calls {
+				if cl.Err != nil && !noTx(cl.Err) {
+					return fmt.Errorf("getrawtransaction %s: %w", part[i], cl.Err)
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, fmt.Errorf("read mempool transactions: %w", err)
+		}
+		for i, raw := range raws {
+			if raw == "" {
+				continue
+			}
+			tx, err := decodeTx(raw, part[i])
+			if err != nil {
+				return nil, err
+			}
+			out[part[i]] = tx
+		}
+	}
+	return out, nil
+}
+
+// decodeTx decodes a raw transaction and checks it is the one asked for.
+func decodeTx(raw, txid string) (*wire.MsgTx, error) {
+	data, err := hex.DecodeString(raw)
+	if err != nil {
+		return nil, fmt.Errorf("raw transaction %s is not hex: %w", txid, err)
+	}
+	var tx wire.MsgTx
+	if err := tx.Deserialize(bytes.NewReader(data)); err != nil {
+		return nil, fmt.Errorf("decode raw transaction %s: %w", txid, err)
+	}
+	if got := tx.TxHash().String(); got != txid {
+		return nil, fmt.Errorf("the node sent transaction %s for %s", got, txid)
+	}
+	return &tx, nil
+}
+
+// record writes one step in one transaction: new sightings (a transaction
+// back in the mempool after a reorg or a re-broadcast is seen again),
+// transactions missing since height, replacements; and wakes the
+// reconciler.
+func (m *Mempool) record(ctx context.Context, network string, height uint64, seen []sighting, gone []string, replaced map[string]string) error {
+	now := m.Now().UTC().Truncate(time.Microsecond)
+	return pg.Tx(ctx, m.db, func(tx *sqlx.Tx) error {
+		for _, s := range seen {
+			if _, err := tx.ExecContext(ctx, `
+				INSERT INTO mempool_transfers (id, network, asset, tx_hash, tx_key, idx, to_address, amount, flags, spends,
+					first_seen_at, updated_at)
+				VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $11)
+				ON CONFLICT (network, tx_hash, tx_key) DO UPDATE SET missing_at_height = NULL, left_at = NULL,
+					left_reason = NULL, replaced_by = NULL, dirty = true, updated_at = $11
+				WHERE mempool_transfers.missing_at_height IS NOT NULL OR mempool_transfers.left_at IS NOT NULL`,
+				paywatch.NewID("mpt"), network, m.src.asset.Symbol, s.txid, "vout:"+strconv.Itoa(s.vout), s.vout, s.to,
+				s.amount.String(), pq.Array(nonNil(s.flags)), pq.Array(nonNil(s.spends)), now); err != nil {
+				return fmt.Errorf("record mempool payment %s:%d: %w", s.txid, s.vout, err)
+			}
+		}
+		if len(gone) > 0 {
+			if _, err := tx.ExecContext(ctx, `UPDATE mempool_transfers SET missing_at_height = $3, dirty = true, updated_at = $4
+				WHERE network = $1 AND tx_hash = ANY($2) AND left_at IS NULL AND missing_at_height IS NULL`,
+				network, pq.Array(gone), int64(height), now); err != nil {
+				return fmt.Errorf("record payments gone from the mempool: %w", err)
+			}
+		}
+		for old, by := range replaced {
+			if _, err := tx.ExecContext(ctx, `UPDATE mempool_transfers SET replaced_by = $3, updated_at = $4
+				WHERE network = $1 AND tx_hash = $2 AND left_at IS NULL`, network, old, by, now); err != nil {
+				return fmt.Errorf("record a replacement: %w", err)
+			}
+		}
+		_, err := tx.ExecContext(ctx, `SELECT pg_notify($1, $2)`, pg.NotifyChannel, network)
+		return err
+	})
+}
+
+func nonNil(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
+}

@@ -1,0 +1,99 @@
+package reconcile
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+
+	"github.com/paywatch/paywatch/migrations/pg"
+)
+
+// Payments seen in a mempool (mempool_transfers, written by the Bitcoin
+// watchers) show an order as "payment detected": confirming with 0
+// confirmations. They never pay anything: no ledger entry reads them, and
+// an order settles only on transfers in blocks. The pass ties each sighting
+// to the one order it could be meant for (its own address, or the exact
+// pay amount on a shared one, seen after the order was created), and
+// withdraws it once the scanner has passed the height at which it left the
+// mempool without a block holding it (replaced or dropped): the order goes
+// back to awaiting payment, and its timeline says why.
+
+// resolveMempool ends the sightings that left the mempool at or below the
+// scanner's cursor: mined (a live transfer of the same output exists),
+// replaced (a transaction was seen spending one of its inputs) or dropped.
+// Withdrawals are written on the order's timeline.
+const resolveMempool = `
+WITH gone AS (
+	UPDATE mempool_transfers m SET left_at = $1, updated_at = $1, dirty = true,
+		left_reason = CASE
+			WHEN EXISTS (SELECT 1 FROM transfers t WHERE t.network = m.network AND t.tx_hash = m.tx_hash
+				AND t.tx_key = m.tx_key AND t.state <> 'orphaned') THEN 'mined'
+			WHEN m.replaced_by IS NOT NULL THEN 'replaced'
+			ELSE 'dropped' END
+	FROM chain_cursors c
+	WHERE c.network = m.network AND m.left_at IS NULL AND m.missing_at_height IS NOT NULL
+		AND c.block_number >= m.missing_at_height
+	RETURNING m.order_id, m.tx_hash, m.idx, m.amount, m.left_reason, m.replaced_by
+), ev AS (
+	INSERT INTO order_events (order_id, at, type, actor, detail)
+	SELECT order_id, $1, 'payment_withdrawn', 'reconciler', jsonb_strip_nulls(jsonb_build_object(
+		'tx_hash', tx_hash, 'output', idx, 'amount_units', amount::text, 'why', left_reason, 'replaced_by', replaced_by))
+	FROM gone WHERE order_id IS NOT NULL AND left_reason <> 'mined'
+)
+SELECT count(*) FROM gone`
+
+// matchMempool ties each open sighting with exactly one candidate order to
+// it: an order awaiting payment or confirming, created before the sighting,
+// whose address it pays (and, on a shared address, whose exact pay amount
+// it is); never dust. The order's timeline says a payment was detected.
+const matchMempool = `
+WITH cand AS (
+	SELECT m.id AS mid, min(o.id) AS oid
+	FROM mempool_transfers m
+	JOIN orders o ON o.network = m.network AND o.asset = m.asset AND o.pay_address = m.to_address
+	WHERE m.order_id IS NULL AND m.left_at IS NULL AND m.missing_at_height IS NULL AND NOT ('dust' = ANY (m.flags))
+		AND o.status IN ('awaiting_payment', 'confirming') AND o.created_at <= m.first_seen_at
+		AND (o.unique_k IS NULL OR o.pay_amount = m.amount)
+	GROUP BY m.id HAVING count(*) = 1
+), matched AS (
+	UPDATE mempool_transfers m SET order_id = cand.oid, dirty = true, updated_at = $1
+	FROM cand WHERE m.id = cand.mid AND m.order_id IS NULL
+	RETURNING m.order_id, m.tx_hash, m.idx, m.amount
+), ev AS (
+	INSERT INTO order_events (order_id, at, type, actor, detail)
+	SELECT order_id, $1, 'payment_detected', 'reconciler',
+		jsonb_build_object('tx_hash', tx_hash, 'output', idx, 'amount_units', amount::text, 'confirmations', 0)
+	FROM matched
+)
+SELECT count(*) FROM matched`
+
+// reviewMempool queues a review of every order whose sightings changed.
+var reviewMempool = `
+WITH changed AS (
+	UPDATE mempool_transfers SET dirty = false WHERE dirty AND $1::timestamptz IS NOT NULL RETURNING order_id
+)
+` + reviewSQL(`SELECT order_id FROM changed WHERE order_id IS NOT NULL`)
+
+// mempool runs the mempool statements in one transaction; it returns the
+// sightings it tied to orders or ended.
+func (r *Reconciler) mempool(ctx context.Context, now time.Time) (int64, error) {
+	var total int64
+	err := pg.Tx(ctx, r.db, func(tx *sqlx.Tx) error {
+		total = 0
+		for _, q := range []string{resolveMempool, matchMempool} {
+			var n int64
+			if err := tx.GetContext(ctx, &n, q, now); err != nil {
+				return err
+			}
+			total += n
+		}
+		_, err := tx.ExecContext(ctx, reviewMempool, now)
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("mempool payments: %w", err)
+	}
+	return total, nil
+}
