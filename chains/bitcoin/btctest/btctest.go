@@ -9,12 +9,14 @@ import (
 	"path/filepath"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/btcsuite/btcd/btcec/v2"
 	"github.com/btcsuite/btcd/btcutil"
 	"github.com/btcsuite/btcd/chaincfg"
 	"github.com/btcsuite/btcd/chaincfg/chainhash"
 	"github.com/btcsuite/btcd/integration/rpctest"
+	"github.com/btcsuite/btcd/rpcclient"
 	"github.com/btcsuite/btcd/txscript"
 	"github.com/btcsuite/btcd/wire"
 
@@ -42,13 +44,31 @@ type Node struct {
 // index on (for node look-ups of customers' transactions).
 func New(t testing.TB) *Node {
 	t.Helper()
+	return start(t, true)
+}
+
+// NewPeer starts a second node, with no coins of its own, connected to n
+// and synced to its chain: two nodes to mine apart and join again.
+func NewPeer(t testing.TB, n *Node) *Node {
+	t.Helper()
+	peer := start(t, false)
+	peer.Connect(n)
+	return peer
+}
+
+func start(t testing.TB, coins bool) *Node {
+	t.Helper()
 	setUp.Lock()
 	defer setUp.Unlock()
 	h, err := rpctest.New(Params, nil, []string{"--txindex"}, "")
 	if err != nil {
 		t.Fatalf("btctest: %v", err)
 	}
-	if err := h.SetUp(true, 30); err != nil {
+	mature := uint32(0)
+	if coins {
+		mature = 30
+	}
+	if err := h.SetUp(coins, mature); err != nil {
 		_ = h.TearDown()
 		t.Fatalf("btctest: set up btcd: %v", err)
 	}
@@ -60,6 +80,44 @@ func New(t testing.TB) *Node {
 	}
 	return &Node{t: t, H: h, URL: "https://" + cfg.Host,
 		Credentials: bitcoin.Credentials{User: cfg.User, Pass: cfg.Pass, CertFile: cert}}
+}
+
+// Connect joins n to other as a peer and waits until both have the same
+// best chain (the longer one wins: a reorg on the other side).
+func (n *Node) Connect(other *Node) {
+	n.t.Helper()
+	if err := rpctest.ConnectNode(n.H, other.H); err != nil {
+		n.t.Fatalf("btctest: connect: %v", err)
+	}
+	if err := rpctest.JoinNodes([]*rpctest.Harness{n.H, other.H}, rpctest.Blocks); err != nil {
+		n.t.Fatalf("btctest: sync: %v", err)
+	}
+}
+
+// Disconnect parts n from other, so that they mine apart.
+func (n *Node) Disconnect(other *Node) {
+	n.t.Helper()
+	if err := n.H.Client.AddNode(other.H.P2PAddress(), rpcclient.ANRemove); err != nil {
+		n.t.Fatalf("btctest: disconnect: %v", err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		a, err := n.H.Client.GetPeerInfo()
+		if err != nil {
+			n.t.Fatal(err)
+		}
+		b, err := other.H.Client.GetPeerInfo()
+		if err != nil {
+			n.t.Fatal(err)
+		}
+		if len(a) == 0 && len(b) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			n.t.Fatalf("btctest: still %d and %d peers", len(a), len(b))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // Mine seals n blocks and returns their hashes.
