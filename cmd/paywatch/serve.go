@@ -103,6 +103,7 @@ type daemon struct {
 	listener net.Listener
 	http     *http.Server
 	watchers []watcher
+	store    *orders.Store
 	// reconciler runs passes while this instance holds its lease.
 	reconciler *reconcile.Runner
 }
@@ -149,7 +150,7 @@ func newDaemon(ctx context.Context, log *slog.Logger, cfg *config.Config) (*daem
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
-	d := &daemon{log: log, cfg: cfg, db: db, listener: ln, http: srv, reconciler: runner}
+	d := &daemon{log: log, cfg: cfg, db: db, listener: ln, http: srv, store: store, reconciler: runner}
 	for _, n := range cfg.Networks {
 		src, closeSrc, err := newSource(n, wallets, store, log)
 		if err != nil {
@@ -196,6 +197,11 @@ func (d *daemon) Run(ctx context.Context) error {
 			}
 		}()
 	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		watchGaps(watchCtx, d.log, d.store, d.cfg.Networks)
+	}()
 	wg.Add(1)
 	go func() {
 		defer wg.Done()

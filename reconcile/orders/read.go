@@ -329,3 +329,35 @@ func (s *Store) Given(ctx context.Context, xpub string, from uint32) ([]string, 
 	}
 	return row.Addrs, uint32(row.Next), nil
 }
+
+// Gap is the run of addresses handed out below an extended public key
+// since the last one paid: a wallet restored from the key finds payments
+// only up to its gap limit past the last paid address.
+type Gap struct {
+	// Given is how many addresses were handed out (the next index).
+	Given int64
+	// LastPaid is the index of the last address that received anything
+	// (a live transfer), or -1.
+	LastPaid int64
+	// Unpaid is the run of unpaid addresses after it.
+	Unpaid int64
+}
+
+// Gap reads the run of unpaid addresses below xpub on a network. It walks
+// back from the last address handed out to the last one paid.
+func (s *Store) Gap(ctx context.Context, network, xpub string) (Gap, error) {
+	var g Gap
+	err := s.db.GetContext(ctx, &g.Given, `SELECT coalesce((SELECT next_index FROM derivation_counters WHERE derivation_key = $1), 0)`, xpub)
+	if err != nil {
+		return g, fmt.Errorf("read the addresses handed out: %w", err)
+	}
+	err = s.db.GetContext(ctx, &g.LastPaid, `SELECT coalesce((SELECT o.derivation_index FROM orders o
+		WHERE o.derivation_key = $2 AND EXISTS (SELECT 1 FROM transfers t
+			WHERE t.network = $1 AND t.to_address = o.pay_address AND t.state <> 'orphaned')
+		ORDER BY o.derivation_index DESC LIMIT 1), -1)`, network, xpub)
+	if err != nil {
+		return g, fmt.Errorf("read the last address paid: %w", err)
+	}
+	g.Unpaid = max(g.Given-1-g.LastPaid, 0)
+	return g, nil
+}

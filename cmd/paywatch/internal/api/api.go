@@ -29,6 +29,7 @@ type Store interface {
 	Events(ctx context.Context, id string) ([]paywatch.Event, error)
 	ListTransfers(ctx context.Context, f orders.TransferFilter) ([]paywatch.Transfer, string, error)
 	GetTransfer(ctx context.Context, id string) (*paywatch.Transfer, error)
+	Gap(ctx context.Context, network, xpub string) (orders.Gap, error)
 	Ping(ctx context.Context) error
 }
 

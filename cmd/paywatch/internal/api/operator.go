@@ -65,6 +65,21 @@ type networkView struct {
 	// (a reorg too deep: an operator must act) or "not_started".
 	Health    string     `json:"health"`
 	UpdatedAt *time.Time `json:"updated_at"`
+	// Addresses: per extended public key (address per order), the run of
+	// unpaid derived addresses against the configured gap limit.
+	Addresses []gapView `json:"addresses,omitempty"`
+}
+
+type gapView struct {
+	Asset    string `json:"asset"`
+	XPub     string `json:"xpub"`
+	Given    int64  `json:"addresses_given"`
+	LastPaid *int64 `json:"last_paid_index"`
+	Unpaid   int64  `json:"unpaid_run"`
+	GapLimit int    `json:"gap_limit"`
+	// OverGapLimit: a wallet restored from the key with this gap limit
+	// would not find the next payment.
+	OverGapLimit bool `json:"over_gap_limit"`
 }
 
 func (s *Server) listNetworks(w http.ResponseWriter, r *http.Request, _ *config.APIKey) error {
@@ -91,6 +106,21 @@ func (s *Server) listNetworks(w http.ResponseWriter, r *http.Request, _ *config.
 				lag := max(*st.Head-*st.Cursor, 0)
 				v.LagBlocks = &lag
 			}
+		}
+		for _, a := range n.Assets {
+			if a.XPub == "" {
+				continue
+			}
+			g, err := s.store.Gap(r.Context(), n.Name, a.XPub)
+			if err != nil {
+				return err
+			}
+			gv := gapView{Asset: a.Symbol, XPub: a.XPub, Given: g.Given, Unpaid: g.Unpaid, GapLimit: a.GapLimit,
+				OverGapLimit: a.GapLimit > 0 && g.Unpaid >= int64(a.GapLimit)}
+			if g.LastPaid >= 0 {
+				gv.LastPaid = &g.LastPaid
+			}
+			v.Addresses = append(v.Addresses, gv)
 		}
 		views = append(views, v)
 	}
