@@ -43,7 +43,7 @@ var redecided = append(slices.Clone(moneyReasons), ReasonOrphanedPayment)
 // of transitions is rendered from it.
 var Lifecycle = []Transition{
 	{StatusAwaitingPayment, StatusConfirming, ActorReconciler, nil,
-		"a payment is matched and waits for its confirmations, or is seen in a mempool (`confirmations: 0`, \"payment detected\")"},
+		"a payment is matched and waits for its confirmations, or payments of the whole amount are seen in a mempool before expiry (`confirmations: 0`, \"payment detected\")"},
 	{StatusAwaitingPayment, StatusSettled, ActorReconciler, nil,
 		"a matched payment, already confirmed, is exactly `pay_amount`"},
 	{StatusAwaitingPayment, StatusExpired, ActorReconciler, nil,
@@ -67,7 +67,7 @@ var Lifecycle = []Transition{
 	{StatusConfirming, StatusDisputed, ActorReconciler, []Reason{ReasonAmbiguous},
 		"two orders' customers claimed its only payment: it goes back to the inbox"},
 	{StatusConfirming, StatusAwaitingPayment, ActorReconciler, nil,
-		"its only payment was seen in a mempool, and was replaced or dropped before any block held it"},
+		"all it had were payments seen in a mempool, replaced or dropped before any block held them, or still unmined at expiry"},
 	{StatusConfirming, StatusExpired, ActorReconciler, nil,
 		"as to awaiting payment, past expiry and not marked paid"},
 	{StatusConfirming, StatusDisputed, ActorReconciler, []Reason{ReasonNoPaymentFound},
@@ -137,10 +137,11 @@ type Facts struct {
 	// Late: a live transfer was mined after the order expired.
 	Late bool
 	// Mempool sightings of payments to the order: Detected are still in
-	// the mempool (or not yet known to be mined), Withdrawn left it and
-	// are not among its payments (replaced, dropped, or mined where they
-	// cannot pay it). They show a payment early and never pay anything.
+	// the mempool (or not yet known to be mined), summing DetectedAmount;
+	// Withdrawn were replaced or dropped. They show a payment early and
+	// never pay anything.
 	Detected, Withdrawn int
+	DetectedAmount      *big.Int
 }
 
 // Decide returns the status (and dispute reason) an order's facts call for.
@@ -151,9 +152,10 @@ type Facts struct {
 // form (so a reorg is decided as if the replaced transfers had never come,
 // and a transfer mined again as if it had come in its new block); an order
 // settles only when every live payment is confirmed and they sum exactly to
-// the pay amount (or to what an operator accepted); a payment seen only in
-// a mempool shows the order confirming and pays nothing, and one replaced
-// or dropped there is withdrawn; a dispute about money
+// the pay amount (or to what an operator accepted); payments seen only in
+// a mempool, of the whole pay amount and before expiry, show the order
+// confirming and pay nothing, and are withdrawn when replaced or dropped;
+// a dispute about money
 // is decided again whenever the payments change; cancelled and refunded
 // orders are closed.
 func Decide(f Facts) (Status, Reason) {
@@ -168,20 +170,20 @@ func Decide(f Facts) (Status, Reason) {
 		return StatusConfirming, ""
 	}
 	acceptedNothing := f.Accepted != nil && f.Accepted.Sign() == 0
-	if f.Live == 0 && f.Detected > 0 && !acceptedNothing {
-		switch f.Status {
-		case StatusAwaitingPayment, StatusConfirming, StatusSettled:
-			// Payment detected: it waits for a block (a settled order's
-			// payment a reorg sent back to the mempool waits again).
+	if f.Live == 0 && !acceptedNothing {
+		// Payment detected: sightings in a mempool of the whole pay amount,
+		// before expiry, hold the order confirming (a settled order's
+		// payment a reorg sent back to the mempool waits again).
+		sighted := f.Detected > 0 && f.DetectedAmount != nil && f.DetectedAmount.Cmp(f.PayAmount) >= 0 && f.Now.Before(f.ExpiresAt)
+		switch {
+		case sighted && (f.Status == StatusAwaitingPayment || f.Status == StatusConfirming || f.Status == StatusSettled):
 			return StatusConfirming, ""
+		case f.Status == StatusConfirming && f.Orphaned == 0 && (f.Detected > 0 || f.Withdrawn > 0):
+			// All it had were sightings, replaced, dropped or past expiry:
+			// as if they had never come.
+			f.Status = StatusAwaitingPayment
+			return Decide(f)
 		}
-		return same()
-	}
-	if f.Live == 0 && f.Orphaned == 0 && f.Withdrawn > 0 && f.Status == StatusConfirming && !acceptedNothing {
-		// All it had was a mempool sighting, replaced or dropped: as if it
-		// had never come.
-		f.Status = StatusAwaitingPayment
-		return Decide(f)
 	}
 	if f.Live == 0 && !acceptedNothing {
 		switch {

@@ -39,6 +39,7 @@ func randomFacts(r *rand.Rand) Facts {
 		f.Detected = r.IntN(2)
 		f.Withdrawn = r.IntN(2)
 	}
+	f.DetectedAmount = big.NewInt(int64(f.Detected) * []int64{50, 100, 150}[r.IntN(3)])
 	if f.Status == StatusSettled && r.IntN(3) == 0 {
 		f.Accepted = big.NewInt([]int64{0, 80, 100}[r.IntN(3)])
 	}
@@ -142,22 +143,36 @@ func TestDecideScenarios(t *testing.T) {
 		}, StatusSettled, ""},
 		{"confirming, its payment mined again before the order existed", func(f *Facts) { f.Status = StatusConfirming }, StatusDisputed, ReasonOrphanedPayment},
 		{"refunded stays refunded", func(f *Facts) { f.Status, f.Orphaned = StatusRefunded, 1 }, StatusRefunded, ""},
-		{"payment detected in the mempool", func(f *Facts) { f.Status, f.Detected = StatusAwaitingPayment, 1 }, StatusConfirming, ""},
-		{"detected, past expiry: waits for its block", func(f *Facts) {
-			f.Status, f.Detected, f.ExpiresAt = StatusConfirming, 1, now.Add(-time.Hour)
+		{"payment detected in the mempool", func(f *Facts) {
+			f.Status, f.Detected, f.DetectedAmount = StatusAwaitingPayment, 1, big.NewInt(100)
 		}, StatusConfirming, ""},
+		{"part of the amount detected: not yet", func(f *Facts) {
+			f.Status, f.Detected, f.DetectedAmount = StatusAwaitingPayment, 1, big.NewInt(99)
+		}, StatusAwaitingPayment, ""},
+		{"detected, past expiry: a sighting holds it no longer", func(f *Facts) {
+			f.Status, f.Detected, f.DetectedAmount, f.ExpiresAt = StatusConfirming, 1, big.NewInt(100), now.Add(-time.Hour)
+		}, StatusExpired, ""},
+		{"detected, marked paid long ago, past expiry", func(f *Facts) {
+			f.Status, f.Detected, f.DetectedAmount, f.ExpiresAt, f.MarkedPaidAt = StatusConfirming, 1, big.NewInt(100), now.Add(-time.Hour), &marked
+		}, StatusDisputed, ReasonNoPaymentFound},
+		{"detected after expiry does not revive an expired order", func(f *Facts) {
+			f.Status, f.Detected, f.DetectedAmount, f.ExpiresAt = StatusExpired, 1, big.NewInt(100), now.Add(-time.Hour)
+		}, StatusExpired, ""},
 		{"detected, then replaced", func(f *Facts) { f.Status, f.Withdrawn = StatusConfirming, 1 }, StatusAwaitingPayment, ""},
 		{"detected, replaced, past expiry", func(f *Facts) {
 			f.Status, f.Withdrawn, f.ExpiresAt = StatusAwaitingPayment, 1, now.Add(-time.Hour)
 		}, StatusExpired, ""},
 		{"settled, its payment back in the mempool after a reorg", func(f *Facts) {
-			f.Status, f.Orphaned, f.Detected = StatusSettled, 1, 1
+			f.Status, f.Orphaned, f.Detected, f.DetectedAmount = StatusSettled, 1, 1, big.NewInt(100)
 		}, StatusConfirming, ""},
+		{"confirming, its payment mined where it cannot pay it: taken away, not withdrawn", func(f *Facts) {
+			f.Status = StatusConfirming
+		}, StatusDisputed, ReasonOrphanedPayment},
 		{"mined and orphaned, the mempool copy replaced", func(f *Facts) {
 			f.Status, f.Orphaned, f.Withdrawn = StatusConfirming, 1, 1
 		}, StatusDisputed, ReasonOrphanedPayment},
 		{"detected never settles a dispute", func(f *Facts) {
-			f.Status, f.Reason, f.Detected = StatusDisputed, ReasonNoPaymentFound, 1
+			f.Status, f.Reason, f.Detected, f.DetectedAmount = StatusDisputed, ReasonNoPaymentFound, 1, big.NewInt(100)
 		}, StatusDisputed, ReasonNoPaymentFound},
 		{"two exact payments to a shared address", func(f *Facts) {
 			f.Status, f.Live, f.Received = StatusConfirming, 2, big.NewInt(200)

@@ -24,6 +24,7 @@ CREATE TABLE mempool_transfers (
     -- mempool: once the scanner has passed it, the transaction either is a
     -- transfer (mined) or was replaced or dropped.
     missing_at_height BIGINT,
+    missing_since TIMESTAMPTZ,
     left_at       TIMESTAMPTZ,
     left_reason   TEXT CHECK (left_reason IN ('mined', 'replaced', 'dropped')),
     -- Set by every change the reconciler should look at; it clears it.

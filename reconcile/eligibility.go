@@ -126,11 +126,12 @@ const ClaimTolerance = 0.10
 
 // waitingElsewhere is the SQL condition that transfer t, on a shared
 // address, could pay another order than o that waits for a payment of
-// about its amount and holds none.
+// about its amount and holds none (confirming included: a payment seen in a
+// mempool holds nothing).
 func waitingElsewhere(t, o string) string {
 	return `EXISTS (SELECT 1 FROM orders o3 WHERE o3.id <> ` + o + `.id AND o3.network = ` + t + `.network
 		AND o3.asset = ` + t + `.asset AND o3.pay_address = ` + t + `.to_address AND o3.unique_k IS NOT NULL
-		AND o3.status IN ('awaiting_payment', 'expired', 'disputed')
+		AND o3.status IN ('awaiting_payment', 'confirming', 'expired', 'disputed')
 		AND abs(` + t + `.amount - o3.pay_amount) <= o3.pay_amount * ` + strconv.FormatFloat(ClaimTolerance, 'f', -1, 64) + `
 		AND NOT EXISTS (SELECT 1 FROM transfers t3 WHERE t3.order_id = o3.id AND t3.state <> 'orphaned')
 		AND ` + eligible(t, "o3") + `)`

@@ -20,21 +20,34 @@ import (
 // mempool without a block holding it (replaced or dropped): the order goes
 // back to awaiting payment, and its timeline says why.
 
+// DroppedAfter is how long a sighting must be missing from the mempool,
+// besides a block passing, before it counts as dropped.
+const DroppedAfter = time.Minute
+
+// MaxWithdrawals is how many sightings of an order may be withdrawn before
+// sightings stop moving it (its payment then shows once mined).
+const MaxWithdrawals = 3
+
 // resolveMempool ends the sightings that left the mempool at or below the
 // scanner's cursor: mined (a live transfer of the same output exists),
 // replaced (a transaction was seen spending one of its inputs) or dropped.
-// Withdrawals are written on the order's timeline.
+// A sighting that is merely missing is dropped only once the scanner has
+// passed a block more and it has been missing for DroppedAfter ($2): a
+// node restarting or a failover to a node that has not seen it yet
+// withdraws nothing. Withdrawals are written on the order's timeline.
 const resolveMempool = `
-WITH gone AS (
-	UPDATE mempool_transfers m SET left_at = $1, updated_at = $1, dirty = true,
-		left_reason = CASE
+WITH ended AS (
+	SELECT m.id, CASE
 			WHEN EXISTS (SELECT 1 FROM transfers t WHERE t.network = m.network AND t.tx_hash = m.tx_hash
 				AND t.tx_key = m.tx_key AND t.state <> 'orphaned') THEN 'mined'
 			WHEN m.replaced_by IS NOT NULL THEN 'replaced'
-			ELSE 'dropped' END
-	FROM chain_cursors c
-	WHERE c.network = m.network AND m.left_at IS NULL AND m.missing_at_height IS NOT NULL
-		AND c.block_number >= m.missing_at_height
+			WHEN c.block_number > m.missing_at_height AND m.missing_since <= $1::timestamptz - make_interval(secs => $2) THEN 'dropped'
+		END AS reason
+	FROM mempool_transfers m JOIN chain_cursors c ON c.network = m.network
+	WHERE m.left_at IS NULL AND m.missing_at_height IS NOT NULL AND c.block_number >= m.missing_at_height
+), gone AS (
+	UPDATE mempool_transfers m SET left_at = $1, updated_at = $1, dirty = true, left_reason = ended.reason
+	FROM ended WHERE m.id = ended.id AND ended.reason IS NOT NULL
 	RETURNING m.order_id, m.tx_hash, m.idx, m.amount, m.left_reason, m.replaced_by
 ), ev AS (
 	INSERT INTO order_events (order_id, at, type, actor, detail)
@@ -45,17 +58,22 @@ WITH gone AS (
 SELECT count(*) FROM gone`
 
 // matchMempool ties each open sighting with exactly one candidate order to
-// it: an order awaiting payment or confirming, created before the sighting,
-// whose address it pays (and, on a shared address, whose exact pay amount
-// it is); never dust. The order's timeline says a payment was detected.
+// it: an order awaiting payment or confirming, created before the sighting
+// and expiring after it, whose address it pays (and, on a shared address,
+// whose exact pay amount it is); never dust, and never to an order that
+// has had MaxWithdrawals ($2) sightings withdrawn (replacing a payment
+// back and forth does not move an order for ever). The order's timeline
+// says a payment was detected.
 const matchMempool = `
 WITH cand AS (
 	SELECT m.id AS mid, min(o.id) AS oid
 	FROM mempool_transfers m
 	JOIN orders o ON o.network = m.network AND o.asset = m.asset AND o.pay_address = m.to_address
-	WHERE m.order_id IS NULL AND m.left_at IS NULL AND m.missing_at_height IS NULL AND NOT ('dust' = ANY (m.flags))
+	WHERE m.order_id IS NULL AND m.left_at IS NULL AND m.missing_at_height IS NULL AND m.flags = '{}'
 		AND o.status IN ('awaiting_payment', 'confirming') AND o.created_at <= m.first_seen_at
-		AND (o.unique_k IS NULL OR o.pay_amount = m.amount)
+		AND m.first_seen_at < o.expires_at AND (o.unique_k IS NULL OR o.pay_amount = m.amount)
+		AND (SELECT count(*) FROM mempool_transfers w WHERE w.order_id = o.id
+			AND w.left_reason IN ('replaced', 'dropped')) < $2
 	GROUP BY m.id HAVING count(*) = 1
 ), matched AS (
 	UPDATE mempool_transfers m SET order_id = cand.oid, dirty = true, updated_at = $1
@@ -81,14 +99,14 @@ WITH changed AS (
 func (r *Reconciler) mempool(ctx context.Context, now time.Time) (int64, error) {
 	var total int64
 	err := pg.Tx(ctx, r.db, func(tx *sqlx.Tx) error {
-		total = 0
-		for _, q := range []string{resolveMempool, matchMempool} {
-			var n int64
-			if err := tx.GetContext(ctx, &n, q, now); err != nil {
-				return err
-			}
-			total += n
+		var resolved, matched int64
+		if err := tx.GetContext(ctx, &resolved, resolveMempool, now, DroppedAfter.Seconds()); err != nil {
+			return err
 		}
+		if err := tx.GetContext(ctx, &matched, matchMempool, now, MaxWithdrawals); err != nil {
+			return err
+		}
+		total = resolved + matched
 		_, err := tx.ExecContext(ctx, reviewMempool, now)
 		return err
 	})

@@ -35,7 +35,8 @@ ORDER BY o.id FOR NO KEY UPDATE`
 
 // flagAmbiguous marks transfers that could pay more than one order (all of
 // them among the orders locked, $3), and disputes those of the orders that
-// hold no payment yet as ambiguous: never a guess. The transfers stay in
+// hold no payment yet (a mempool sighting is none) as ambiguous: never a
+// guess. The transfers stay in
 // the inbox for an operator.
 var flagAmbiguous = `
 WITH amb AS (
@@ -46,7 +47,8 @@ WITH amb AS (
 	FROM amb WHERE t.id = amb.tid RETURNING t.id, t.tx_hash
 ), affected AS (
 	SELECT o.id, o.status FROM orders o
-	WHERE o.id IN (SELECT unnest(oids) FROM amb) AND o.status IN ('awaiting_payment', 'expired')
+	WHERE o.id IN (SELECT unnest(oids) FROM amb) AND (o.status IN ('awaiting_payment', 'expired')
+		OR (o.status = 'confirming' AND NOT EXISTS (SELECT 1 FROM transfers t4 WHERE t4.order_id = o.id AND t4.state <> 'orphaned')))
 ), disputed AS (
 	UPDATE orders o SET status = 'disputed', dispute_reason = 'ambiguous', updated_at = $1
 	FROM affected a WHERE o.id = a.id RETURNING o.id, a.status AS from_status
@@ -107,9 +109,9 @@ const orderFacts = `o.id, o.status, o.dispute_reason, o.pay_amount, o.accepted_a
 // counts as confirmed only once the ledger has attributed it (and it is
 // neither provisional nor moved since), so that a settlement moves exactly
 // what the order's account holds. Mempool sightings are counted apart:
-// detected (still in the mempool, or not yet known to be mined) and
-// withdrawn (left it, and not as a payment of the order: replaced,
-// dropped, or mined where it cannot pay it).
+// detected (still in the mempool, or not yet known to be mined; with their
+// sum) and withdrawn (replaced or dropped: a sighting mined where it cannot
+// pay the order is not withdrawn, its payment was taken away).
 const factsSelect = `l.id AS oid, l.status, l.dispute_reason, l.pay_amount::text AS pay_amount,
 	l.accepted_amount::text AS accepted_amount, l.shared, l.expires_at, l.customer_marked_paid_at, l.network, l.asset,
 	count(t.id) FILTER (WHERE t.state <> 'orphaned') AS live,
@@ -119,9 +121,8 @@ const factsSelect = `l.id AS oid, l.status, l.dispute_reason, l.pay_amount::text
 	coalesce(sum(t.amount) FILTER (WHERE t.state <> 'orphaned'), 0)::text AS received,
 	coalesce(bool_or(coalesce(t.block_time, t.first_seen_at) > l.expires_at) FILTER (WHERE t.state <> 'orphaned'), false) AS late,
 	(SELECT count(*) FROM mempool_transfers m WHERE m.order_id = l.id AND m.left_at IS NULL) AS detected,
-	(SELECT count(*) FROM mempool_transfers m WHERE m.order_id = l.id AND m.left_at IS NOT NULL
-		AND NOT EXISTS (SELECT 1 FROM transfers mt WHERE mt.network = m.network AND mt.tx_hash = m.tx_hash
-			AND mt.tx_key = m.tx_key AND mt.order_id = l.id AND mt.state <> 'orphaned')) AS withdrawn`
+	(SELECT count(*) FROM mempool_transfers m WHERE m.order_id = l.id AND m.left_reason IN ('replaced', 'dropped')) AS withdrawn,
+	(SELECT coalesce(sum(m.amount), 0) FROM mempool_transfers m WHERE m.order_id = l.id AND m.left_at IS NULL)::text AS detected_amount`
 
 const factsGroup = `l.id, l.status, l.dispute_reason, l.pay_amount, l.accepted_amount, l.shared, l.expires_at,
 	l.customer_marked_paid_at, l.network, l.asset`
@@ -180,7 +181,8 @@ SELECT count(*) FROM detached`
 // move: those queued for review (distinct: an order may be queued many
 // times, and a batch of fewer than $4 orders ends the walk), those awaiting
 // payment past their expiry or past the paid grace ($2 seconds), and those
-// with an address of their own confirming past expiry. It locks them
+// confirming past expiry (an address of their own stops waiting for a
+// top-up, a mempool sighting stops holding them). It locks them
 // (skipping any another transaction holds), consumes their reviews, and
 // reads their facts, all in one statement: one snapshot, so that a change
 // committed after it leaves its review for the next pass. Every candidate
@@ -196,7 +198,7 @@ WITH cand AS (
 		(SELECT id FROM orders WHERE status = 'awaiting_payment' AND customer_marked_paid_at IS NOT NULL
 			AND customer_marked_paid_at <= $1 - make_interval(secs => $2) AND id > $3 ORDER BY id LIMIT $4)
 		UNION
-		(SELECT id FROM orders WHERE status = 'confirming' AND unique_k IS NULL AND expires_at <= $1
+		(SELECT id FROM orders WHERE status = 'confirming' AND expires_at <= $1
 			AND id > $3 ORDER BY id LIMIT $4)
 	) c ORDER BY id LIMIT $4
 ), locked AS (

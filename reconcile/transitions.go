@@ -36,18 +36,20 @@ type factsRow struct {
 	Late      bool       `db:"late"`
 	Detected  int        `db:"detected"`
 	Withdrawn int        `db:"withdrawn"`
+	DetAmount string     `db:"detected_amount"`
 }
 
 func (f *factsRow) facts(now time.Time, grace time.Duration) (paywatch.Facts, error) {
 	pay, ok := new(big.Int).SetString(*f.PayAmount, 10)
 	received, ok2 := new(big.Int).SetString(f.Received, 10)
-	if !ok || !ok2 {
-		return paywatch.Facts{}, fmt.Errorf("order %s: amounts %q and %q are not integers", f.ID, *f.PayAmount, f.Received)
+	detected, ok3 := new(big.Int).SetString(f.DetAmount, 10)
+	if !ok || !ok2 || !ok3 {
+		return paywatch.Facts{}, fmt.Errorf("order %s: amounts %q, %q and %q are not integers", f.ID, *f.PayAmount, f.Received, f.DetAmount)
 	}
 	facts := paywatch.Facts{Status: paywatch.Status(*f.Status), Shared: *f.Shared, PayAmount: pay,
 		ExpiresAt: *f.ExpiresAt, MarkedPaidAt: f.MarkedAt, PaidGrace: grace, Now: now,
 		Live: f.Live, Unconfirmed: f.Unconf, Orphaned: f.Orphaned, Received: received, Late: f.Late,
-		Detected: f.Detected, Withdrawn: f.Withdrawn}
+		Detected: f.Detected, Withdrawn: f.Withdrawn, DetectedAmount: detected}
 	if f.Reason != nil {
 		facts.Reason = paywatch.Reason(*f.Reason)
 	}
@@ -118,8 +120,13 @@ func (r *Reconciler) decide(ctx context.Context, tx *sqlx.Tx, now time.Time, row
 		}
 		cause := ""
 		switch {
-		case f.Status == paywatch.StatusConfirming && f.Live == 0 && f.Detected == 0 && f.Withdrawn > 0:
+		case f.Status == paywatch.StatusConfirming && status != paywatch.StatusConfirming && f.Live == 0 && f.Orphaned == 0 &&
+			(f.Detected > 0 || f.Withdrawn > 0):
+			// It was held by mempool sightings alone.
 			cause = "payment_withdrawn"
+			if !now.Before(f.ExpiresAt) {
+				cause = "unconfirmed_at_expiry"
+			}
 		case status == paywatch.StatusConfirming && f.Live == 0:
 			cause = "payment_detected"
 		}

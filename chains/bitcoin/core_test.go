@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/btcsuite/btcd/blockchain"
 	"github.com/btcsuite/btcd/btcutil"
 	"github.com/btcsuite/btcd/chaincfg/chainhash"
 	"github.com/btcsuite/btcd/txscript"
@@ -102,11 +103,13 @@ func writeCoreAnswers(t *testing.T) {
 	b101.Header.Timestamp = at
 	b101.AddTransaction(coinbase(101))
 	b101.AddTransaction(pay1)
+	seal(b101)
 	h101 := b101.BlockHash()
 	b102 := wire.NewMsgBlock(wire.NewBlockHeader(0x20000000, &h101, &chainhash.Hash{}, 0x207fffff, 2))
 	b102.Header.Timestamp = at.Add(10 * time.Minute)
 	b102.AddTransaction(coinbase(102))
 	b102.AddTransaction(pay2)
+	seal(b102)
 	h102 := b102.BlockHash()
 	raw := func(v any) json.RawMessage {
 		b, err := json.Marshal(v)
@@ -154,6 +157,15 @@ func writeCoreAnswers(t *testing.T) {
 	if err := os.WriteFile(coreAnswers, append(out, '\n'), 0o644); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// seal sets a block's merkle root from its transactions.
+func seal(b *wire.MsgBlock) {
+	txs := make([]*btcutil.Tx, len(b.Transactions))
+	for i, tx := range b.Transactions {
+		txs[i] = btcutil.NewTx(tx)
+	}
+	b.Header.MerkleRoot = blockchain.CalcMerkleRoot(txs, false)
 }
 
 // coreNode serves the recorded answers as Bitcoin Core does: JSON-RPC 1.0,

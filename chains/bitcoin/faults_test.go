@@ -6,6 +6,9 @@ import (
 	"time"
 
 	"github.com/btcsuite/btcd/btcutil"
+	"github.com/btcsuite/btcd/txscript"
+	"github.com/btcsuite/btcd/wire"
+	"github.com/lib/pq"
 
 	"github.com/paywatch/paywatch/chains/bitcoin/btctest"
 )
@@ -164,5 +167,38 @@ func TestNodeDownThenBack(t *testing.T) {
 	}
 	if got := e.transfers(); len(got) != 2 || got[1].TxHash != more {
 		t.Fatalf("transfers %+v", got)
+	}
+}
+
+// A block reward paid to a watched address is recorded flagged coinbase:
+// it pays no order (an operator decides), spendable only after 100 blocks.
+func TestCoinbaseToAWatchedAddressIsFlagged(t *testing.T) {
+	shop := shopAddress(t, 6)
+	e := newEnv(t, []string{shop}, nil)
+	s := e.scanner()
+	e.sync(s)
+	addr, err := btcutil.DecodeAddress(shop, btctest.Params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	script, err := txscript.PayToAddrScript(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.node.H.GenerateAndSubmitBlockWithCustomCoinbaseOutputs(nil, -1, time.Time{},
+		[]wire.TxOut{{Value: 5_000_000_000, PkScript: script}}); err != nil {
+		t.Fatal(err)
+	}
+	e.sync(s)
+	var flags []string
+	for _, r := range e.transfers() {
+		var f pq.StringArray
+		if err := e.db.Get(&f, `SELECT flags FROM transfers WHERE tx_hash = $1`, r.TxHash); err != nil {
+			t.Fatal(err)
+		}
+		flags = append(flags, f...)
+	}
+	if len(flags) != 1 || flags[0] != "coinbase" {
+		t.Fatalf("flags %v", flags)
 	}
 }

@@ -66,6 +66,7 @@ func NewMempool(src *Source, db *sqlx.DB, log *slog.Logger) *Mempool {
 // Run steps until ctx ends; errors are logged and retried at the next
 // interval (the mempool is a courtesy view: the scanner is what counts).
 func (m *Mempool) Run(ctx context.Context) error {
+	m.loaded = false // another instance may have held the lease meanwhile
 	failures := 0
 	for {
 		more, err := m.Step(ctx)
@@ -116,16 +117,30 @@ func (m *Mempool) Step(ctx context.Context) (more bool, err error) {
 	}
 	var ids []string
 	var height int64
-	// The mempool first, then the height: a block that took a transaction
-	// out of the mempool is at or below the height read after.
+	info := struct {
+		Loaded *bool `json:"loaded"` // Bitcoin Core: false while mempool.dat is read at start
+	}{}
+	// The mempool first, then the height, in one batch the node runs in
+	// order: a block that took a transaction out of the mempool is at or
+	// below the height read after.
 	err = m.src.nodes.Call(ctx, func(ctx context.Context, c *client) error {
-		if err := c.one(ctx, &ids, "getrawmempool", false); err != nil {
+		calls := []*call{{Method: "getmempoolinfo", Result: &info}, {Method: "getrawmempool", Params: []any{false}, Result: &ids},
+			{Method: "getblockcount", Result: &height}}
+		if err := c.do(ctx, calls); err != nil {
 			return err
 		}
-		return c.one(ctx, &height, "getblockcount")
+		for _, cl := range calls[1:] {
+			if cl.Err != nil {
+				return fmt.Errorf("%s: %w", cl.Method, cl.Err)
+			}
+		}
+		return nil
 	})
 	if err != nil {
 		return false, fmt.Errorf("read the mempool: %w", err)
+	}
+	if info.Loaded != nil && !*info.Loaded {
+		return false, nil // a node still loading its mempool would withdraw everything
 	}
 	current := make(map[string]struct{}, len(ids))
 	var fresh []string
@@ -259,7 +274,10 @@ func (m *Mempool) fetch(ctx context.Context, ids []string) (map[string]*wire.Msg
 			}
 			tx, err := decodeTx(raw, part[i])
 			if err != nil {
-				return nil, err
+				// Not one the watcher can read: skipped (as known), so that
+				// it does not stop every later read.
+				m.log.Warn("skipping a mempool transaction", "txid", part[i], "err", err)
+				continue
 			}
 			out[part[i]] = tx
 		}
@@ -295,7 +313,7 @@ func (m *Mempool) record(ctx context.Context, network string, height uint64, see
 				INSERT INTO mempool_transfers (id, network, asset, tx_hash, tx_key, idx, to_address, amount, flags, spends,
 					first_seen_at, updated_at)
 				VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $11)
-				ON CONFLICT (network, tx_hash, tx_key) DO UPDATE SET missing_at_height = NULL, left_at = NULL,
+				ON CONFLICT (network, tx_hash, tx_key) DO UPDATE SET missing_at_height = NULL, missing_since = NULL, left_at = NULL,
 					left_reason = NULL, replaced_by = NULL, dirty = true, updated_at = $11
 				WHERE mempool_transfers.missing_at_height IS NOT NULL OR mempool_transfers.left_at IS NOT NULL`,
 				paywatch.NewID("mpt"), network, m.src.asset.Symbol, s.txid, "vout:"+strconv.Itoa(s.vout), s.vout, s.to,
@@ -304,7 +322,8 @@ func (m *Mempool) record(ctx context.Context, network string, height uint64, see
 			}
 		}
 		if len(gone) > 0 {
-			if _, err := tx.ExecContext(ctx, `UPDATE mempool_transfers SET missing_at_height = $3, dirty = true, updated_at = $4
+			if _, err := tx.ExecContext(ctx, `UPDATE mempool_transfers SET missing_at_height = $3, missing_since = $4,
+					dirty = true, updated_at = $4
 				WHERE network = $1 AND tx_hash = ANY($2) AND left_at IS NULL AND missing_at_height IS NULL`,
 				network, pq.Array(gone), int64(height), now); err != nil {
 				return fmt.Errorf("record payments gone from the mempool: %w", err)

@@ -61,6 +61,10 @@ func newClient(url string, cred Credentials) (*client, error) {
 	return &client{url: url, user: cred.User, pass: cred.Pass, cookie: cred.CookieFile, http: &http.Client{Transport: tr}}, nil
 }
 
+// maxAnswer bounds one answer of a node: a few raw blocks, or a busy
+// mainnet mempool's txids.
+const maxAnswer = 64 << 20
+
 // call is one JSON-RPC call of a batch: its result is decoded into Result,
 // or its error kept in Err.
 type call struct {
@@ -124,9 +128,12 @@ func (c *client) do(ctx context.Context, calls []*call) error {
 		return err
 	}
 	defer res.Body.Close()
-	data, err := io.ReadAll(res.Body)
+	data, err := io.ReadAll(io.LimitReader(res.Body, maxAnswer+1))
 	if err != nil {
 		return fmt.Errorf("read the node's answer: %w", err)
+	}
+	if len(data) > maxAnswer {
+		return fmt.Errorf("the node's answer to %s is over %d MiB", calls[0].Method, maxAnswer>>20)
 	}
 	if res.StatusCode == http.StatusUnauthorized || res.StatusCode == http.StatusForbidden {
 		return fmt.Errorf("the node refused the credentials (HTTP %d)", res.StatusCode)

@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/btcsuite/btcd/blockchain"
+	"github.com/btcsuite/btcd/btcutil"
 	"github.com/btcsuite/btcd/chaincfg"
 	"github.com/btcsuite/btcd/txscript"
 	"github.com/btcsuite/btcd/wire"
@@ -182,7 +184,6 @@ func (s *Source) Scan(ctx context.Context, from, to uint64) (*scan.Batch, error)
 	}
 	var count int64
 	hashes := make([]string, len(heights))
-	raws := make([]string, len(heights))
 	err := s.nodes.Call(ctx, func(ctx context.Context, c *client) error {
 		calls := []*call{{Method: "getblockcount", Result: &count}}
 		for i, h := range heights {
@@ -200,23 +201,6 @@ func (s *Source) Scan(ctx context.Context, from, to uint64) (*scan.Batch, error)
 				return fmt.Errorf("%s: %w", cl.Method, cl.Err)
 			}
 		}
-		calls = calls[:0]
-		for i := range heights {
-			if heights[i] < from {
-				continue
-			}
-			calls = append(calls, &call{Method: "getblock", Params: []any{hashes[i], 0}, Result: &raws[i]})
-		}
-		if err := c.do(ctx, calls); err != nil {
-			return err
-		}
-		for _, cl := range calls {
-			if cl.Err != nil {
-				// A block replaced between the two batches: the node no
-				// longer serves it on the main chain.
-				return fmt.Errorf("getblock %v: %w", cl.Params[0], cl.Err)
-			}
-		}
 		return nil
 	})
 	if err != nil {
@@ -229,51 +213,105 @@ func (s *Source) Scan(ctx context.Context, from, to uint64) (*scan.Batch, error)
 		if h < from {
 			b.Parent = &scan.Block{Number: h, Hash: hashes[i]}
 			prev = hashes[i]
-			continue
 		}
-		block, err := decodeBlock(raws[i], hashes[i])
+	}
+	// The raw blocks, a few per request, each decoded and let go before
+	// the next are read: a batch never holds more than a few blocks.
+	for start := 0; start < len(heights); start += rawBlocksPerRequest {
+		end := min(start+rawBlocksPerRequest, len(heights))
+		raws := make([]string, end-start)
+		err := s.nodes.Call(ctx, func(ctx context.Context, c *client) error {
+			var calls []*call
+			for i := start; i < end; i++ {
+				if heights[i] >= from {
+					calls = append(calls, &call{Method: "getblock", Params: []any{hashes[i], 0}, Result: &raws[i-start]})
+				}
+			}
+			if err := c.do(ctx, calls); err != nil {
+				return err
+			}
+			for _, cl := range calls {
+				if cl.Err != nil {
+					// A block replaced meanwhile: the node no longer serves
+					// it on the main chain.
+					return fmt.Errorf("getblock %v: %w", cl.Params[0], cl.Err)
+				}
+			}
+			return nil
+		})
 		if err != nil {
-			return nil, fmt.Errorf("block %d: %w", h, err)
+			return nil, fmt.Errorf("read blocks %d-%d: %w", from, to, err)
 		}
-		if prev != "" && block.Header.PrevBlock.String() != prev {
-			return nil, fmt.Errorf("block %d does not follow block %d: the chain moved while it was read", h, h-1)
+		for i := start; i < end; i++ {
+			h := heights[i]
+			if h < from {
+				continue
+			}
+			block, txs, err := decodeBlock(raws[i-start], hashes[i])
+			raws[i-start] = ""
+			if err != nil {
+				return nil, fmt.Errorf("block %d: %w", h, err)
+			}
+			if prev != "" && block.Header.PrevBlock.String() != prev {
+				return nil, fmt.Errorf("block %d does not follow block %d: the chain moved while it was read", h, h-1)
+			}
+			prev = hashes[i]
+			b.Transfers = append(b.Transfers, s.outputs(block, txs, h, hashes[i])...)
 		}
-		prev = hashes[i]
-		b.Transfers = append(b.Transfers, s.outputs(block, h, hashes[i])...)
 	}
 	return b, nil
 }
 
-// decodeBlock decodes a raw block and checks it is the one asked for.
-func decodeBlock(raw, hash string) (*wire.MsgBlock, error) {
+// rawBlocksPerRequest is how many raw blocks one request reads (a full
+// mainnet block is up to 4 MB, 8 MB as hex).
+const rawBlocksPerRequest = 4
+
+// decodeBlock decodes a raw block and checks it is the one asked for; it
+// returns its transactions with their hashes.
+func decodeBlock(raw, hash string) (*wire.MsgBlock, []*btcutil.Tx, error) {
 	data, err := hex.DecodeString(raw)
 	if err != nil {
-		return nil, fmt.Errorf("raw block is not hex: %w", err)
+		return nil, nil, fmt.Errorf("raw block is not hex: %w", err)
 	}
 	var block wire.MsgBlock
 	if err := block.Deserialize(bytes.NewReader(data)); err != nil {
-		return nil, fmt.Errorf("decode raw block: %w", err)
+		return nil, nil, fmt.Errorf("decode raw block: %w", err)
 	}
 	if got := block.BlockHash().String(); got != hash {
-		return nil, fmt.Errorf("the node sent block %s for %s", got, hash)
+		return nil, nil, fmt.Errorf("the node sent block %s for %s", got, hash)
 	}
-	return &block, nil
+	// The header is the block asked for; its merkle root ties the
+	// transactions to it.
+	txs := make([]*btcutil.Tx, len(block.Transactions))
+	for i, tx := range block.Transactions {
+		txs[i] = btcutil.NewTx(tx)
+	}
+	if root := blockchain.CalcMerkleRoot(txs, false); root != block.Header.MerkleRoot {
+		return nil, nil, fmt.Errorf("the transactions of block %s do not match its header's merkle root", hash)
+	}
+	return &block, txs, nil
 }
 
 // outputs returns the transfers of a block's outputs to watched scripts.
-func (s *Source) outputs(block *wire.MsgBlock, height uint64, hash string) []scan.Found {
+func (s *Source) outputs(block *wire.MsgBlock, txs []*btcutil.Tx, height uint64, hash string) []scan.Found {
 	var found []scan.Found
 	at := block.Header.Timestamp.UTC()
-	for _, tx := range block.Transactions {
+	for n, tx := range block.Transactions {
 		var txid string
 		for i, out := range tx.TxOut {
 			if out.Value <= 0 || !s.watch.Has(out.PkScript) {
 				continue
 			}
 			if txid == "" {
-				txid = tx.TxHash().String()
+				txid = txs[n].Hash().String()
 			}
-			found = append(found, s.transfer(txid, i, out, height, hash, at))
+			f := s.transfer(txid, i, out, height, hash, at)
+			if n == 0 {
+				// A miner's reward: spendable only after 100 blocks, and
+				// no customer's payment. An operator decides.
+				f.Flags = append(f.Flags, "coinbase")
+			}
+			found = append(found, f)
 		}
 	}
 	return found
@@ -326,11 +364,13 @@ func (s *Source) LookupTx(ctx context.Context, txid string) ([]scan.Found, error
 		}
 		return c.one(ctx, &header, "getblockheader", tx.BlockHash, true)
 	})
-	if noTx(err) || tx.BlockHash == "" {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
+	switch {
+	case noTx(err):
+		return nil, nil // unknown to the node (or it keeps no index)
+	case err != nil:
+		return nil, err // a node down is not "not found"
+	case tx.BlockHash == "":
+		return nil, nil // not mined yet
 	}
 	data, err := hex.DecodeString(tx.Hex)
 	if err != nil {
@@ -347,7 +387,11 @@ func (s *Source) LookupTx(ctx context.Context, txid string) ([]scan.Found, error
 	at := time.Unix(header.Time, 0).UTC()
 	for i, out := range msg.TxOut {
 		if out.Value > 0 && s.watch.Has(out.PkScript) {
-			found = append(found, s.transfer(txid, i, out, uint64(header.Height), tx.BlockHash, at))
+			f := s.transfer(txid, i, out, uint64(header.Height), tx.BlockHash, at)
+			if blockchain.IsCoinBaseTx(&msg) {
+				f.Flags = append(f.Flags, "coinbase")
+			}
+			found = append(found, f)
 		}
 	}
 	return found, nil

@@ -11,11 +11,16 @@ import (
 )
 
 // Given tells which addresses paywatch has handed out below an extended
-// public key: those of indexes from on, in index order, and the next index
-// it will hand out. (The order store implements it.)
+// public key: up to limit of those of indexes from on, in index order, and
+// the next index it will hand out. (The order store implements it.)
 type Given interface {
-	Given(ctx context.Context, xpub string, from uint32) (addresses []string, next uint32, err error)
+	Given(ctx context.Context, xpub string, from uint32, limit int) (addresses []string, next uint32, err error)
 }
+
+// givenPage is how many handed-out addresses one read of Given brings: a
+// million orders are read in pages, so that loading them never holds them
+// all twice.
+const givenPage = 20_000
 
 // DefaultLookahead is how many addresses past the last one handed out a
 // watch set derives ahead, so that an order created while a batch is
@@ -83,42 +88,57 @@ func (w *WatchSet) add(address string) error {
 // derives ahead of the last one. Scanning calls it before every batch.
 func (w *WatchSet) Refresh(ctx context.Context) error {
 	for _, k := range w.keys {
-		w.mu.RLock()
-		from := k.loaded
-		w.mu.RUnlock()
-		var addrs []string
-		var next uint32
-		var err error
-		if w.given != nil {
-			if addrs, next, err = w.given.Given(ctx, k.xpub, from); err != nil {
-				return fmt.Errorf("read the addresses of %s…: %w", k.xpub[:12], err)
+		for {
+			full, err := w.refreshKey(ctx, k)
+			if err != nil || !full {
+				if err != nil {
+					return err
+				}
+				break
 			}
 		}
-		w.mu.Lock()
-		for _, a := range addrs {
-			if err := w.add(a); err != nil {
-				w.mu.Unlock()
-				return err
-			}
-		}
-		k.loaded = from + uint32(len(addrs))
-		k.next = max(next, k.loaded)
-		k.derived = max(k.derived, k.loaded)
-		for k.derived < k.next+w.Lookahead {
-			a, err := k.deriver.Address(k.derived)
-			if err != nil {
-				w.mu.Unlock()
-				return err
-			}
-			if err := w.add(a); err != nil {
-				w.mu.Unlock()
-				return err
-			}
-			k.derived++
-		}
-		w.mu.Unlock()
 	}
 	return nil
+}
+
+// refreshKey reads one page of a key's handed-out addresses and derives
+// ahead; it reports whether the page was full (more may follow).
+func (w *WatchSet) refreshKey(ctx context.Context, k *keyWatch) (bool, error) {
+	w.mu.RLock()
+	from := k.loaded
+	w.mu.RUnlock()
+	var addrs []string
+	var next uint32
+	if w.given != nil {
+		var err error
+		if addrs, next, err = w.given.Given(ctx, k.xpub, from, givenPage); err != nil {
+			return false, fmt.Errorf("read the addresses of %s…: %w", k.xpub[:12], err)
+		}
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, a := range addrs {
+		if err := w.add(a); err != nil {
+			return false, err
+		}
+	}
+	k.loaded = from + uint32(len(addrs))
+	k.next = max(next, k.loaded)
+	k.derived = max(k.derived, k.loaded)
+	if len(addrs) == givenPage {
+		return true, nil // derive ahead once every page is read
+	}
+	for k.derived < k.next+w.Lookahead {
+		a, err := k.deriver.Address(k.derived)
+		if err != nil {
+			return false, err
+		}
+		if err := w.add(a); err != nil {
+			return false, err
+		}
+		k.derived++
+	}
+	return false, nil
 }
 
 // Has reports whether an output script pays a watched address.

@@ -43,7 +43,7 @@ var buildBinary = sync.OnceValues(func() (string, error) {
 })
 
 type daemonProcess struct {
-	t    *testing.T
+	t    testing.TB
 	cmd  *exec.Cmd
 	url  string
 	logs *bytes.Buffer
@@ -80,7 +80,7 @@ func daemonEnv(dbURL string) []string {
 
 var listenLine = regexp.MustCompile(`msg="paywatch listening" addr=(\S+)`)
 
-func startDaemon(t *testing.T, configPath, dbURL string) *daemonProcess {
+func startDaemon(t testing.TB, configPath, dbURL string) *daemonProcess {
 	t.Helper()
 	bin, err := buildBinary()
 	if err != nil {

@@ -312,10 +312,11 @@ func (s *Store) GetTransfer(ctx context.Context, id string) (*paywatch.Transfer,
 // Ping checks that the database answers.
 func (s *Store) Ping(ctx context.Context) error { return s.db.PingContext(ctx) }
 
-// Given returns the addresses handed out below an extended public key from
-// index from on, in index order, and the next index to be handed out (what
-// a Bitcoin watcher watches: bitcoin.Given). Both come from one snapshot.
-func (s *Store) Given(ctx context.Context, xpub string, from uint32) ([]string, uint32, error) {
+// Given returns up to limit addresses handed out below an extended public
+// key from index from on, in index order, and the next index to be handed
+// out (what a Bitcoin watcher watches: bitcoin.Given). Both come from one
+// snapshot.
+func (s *Store) Given(ctx context.Context, xpub string, from uint32, limit int) ([]string, uint32, error) {
 	var row struct {
 		Next  int64          `db:"next"`
 		Addrs pq.StringArray `db:"addrs"`
@@ -323,7 +324,7 @@ func (s *Store) Given(ctx context.Context, xpub string, from uint32) ([]string, 
 	err := s.db.GetContext(ctx, &row, `SELECT
 		coalesce((SELECT next_index FROM derivation_counters WHERE derivation_key = $1), 0) AS next,
 		array(SELECT pay_address FROM orders WHERE derivation_key = $1 AND derivation_index >= $2
-			ORDER BY derivation_index) AS addrs`, xpub, int64(from))
+			ORDER BY derivation_index LIMIT $3) AS addrs`, xpub, int64(from), limit)
 	if err != nil {
 		return nil, 0, fmt.Errorf("read the addresses handed out: %w", err)
 	}
@@ -339,8 +340,10 @@ type Gap struct {
 	// LastPaid is the index of the last address that received anything
 	// (a live transfer), or -1.
 	LastPaid int64
-	// Unpaid is the run of unpaid addresses after it.
-	Unpaid int64
+	// Unpaid is the run of unpaid addresses after it; AtLeast when the run
+	// is longer than Gap walks back (MaxGapWalk), LastPaid unknown.
+	Unpaid  int64
+	AtLeast bool
 }
 
 // Gap reads the run of unpaid addresses below xpub on a network. It walks
@@ -352,12 +355,19 @@ func (s *Store) Gap(ctx context.Context, network, xpub string) (Gap, error) {
 		return g, fmt.Errorf("read the addresses handed out: %w", err)
 	}
 	err = s.db.GetContext(ctx, &g.LastPaid, `SELECT coalesce((SELECT o.derivation_index FROM orders o
-		WHERE o.derivation_key = $2 AND EXISTS (SELECT 1 FROM transfers t
+		WHERE o.derivation_key = $2 AND o.derivation_index >= $3 AND EXISTS (SELECT 1 FROM transfers t
 			WHERE t.network = $1 AND t.to_address = o.pay_address AND t.state <> 'orphaned')
-		ORDER BY o.derivation_index DESC LIMIT 1), -1)`, network, xpub)
+		ORDER BY o.derivation_index DESC LIMIT 1), -1)`, network, xpub, g.Given-MaxGapWalk)
 	if err != nil {
 		return g, fmt.Errorf("read the last address paid: %w", err)
 	}
 	g.Unpaid = max(g.Given-1-g.LastPaid, 0)
+	if g.LastPaid < 0 && g.Given > MaxGapWalk {
+		g.Unpaid, g.AtLeast = MaxGapWalk, true
+	}
 	return g, nil
 }
+
+// MaxGapWalk bounds the walk back of Gap: a run of unpaid addresses longer
+// than this is reported as at least this long.
+const MaxGapWalk = 100_000

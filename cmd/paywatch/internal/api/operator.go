@@ -71,12 +71,17 @@ type networkView struct {
 }
 
 type gapView struct {
-	Asset    string `json:"asset"`
+	Asset string `json:"asset"`
+	// XPub is the key shortened: the whole key would show every address
+	// and balance of the shop to anyone holding an operator key.
 	XPub     string `json:"xpub"`
 	Given    int64  `json:"addresses_given"`
 	LastPaid *int64 `json:"last_paid_index"`
 	Unpaid   int64  `json:"unpaid_run"`
-	GapLimit int    `json:"gap_limit"`
+	// UnpaidAtLeast: the run is longer than the walk back bounds (100,000
+	// addresses); unpaid_run is that bound.
+	UnpaidAtLeast bool `json:"unpaid_run_at_least,omitempty"`
+	GapLimit      int  `json:"gap_limit"`
 	// OverGapLimit: a wallet restored from the key with this gap limit
 	// would not find the next payment.
 	OverGapLimit bool `json:"over_gap_limit"`
@@ -115,7 +120,7 @@ func (s *Server) listNetworks(w http.ResponseWriter, r *http.Request, _ *config.
 			if err != nil {
 				return err
 			}
-			gv := gapView{Asset: a.Symbol, XPub: a.XPub, Given: g.Given, Unpaid: g.Unpaid, GapLimit: a.GapLimit,
+			gv := gapView{Asset: a.Symbol, XPub: shortKey(a.XPub), Given: g.Given, Unpaid: g.Unpaid, UnpaidAtLeast: g.AtLeast, GapLimit: a.GapLimit,
 				OverGapLimit: a.GapLimit > 0 && g.Unpaid >= int64(a.GapLimit)}
 			if g.LastPaid >= 0 {
 				gv.LastPaid = &g.LastPaid
@@ -200,4 +205,12 @@ func (s *Server) ledgerBalances(w http.ResponseWriter, r *http.Request, _ *confi
 	}
 	writeJSON(w, http.StatusOK, newList(views, ""))
 	return nil
+}
+
+// shortKey shortens an extended public key to tell it apart from others.
+func shortKey(k string) string {
+	if len(k) <= 20 {
+		return k
+	}
+	return k[:12] + "…" + k[len(k)-6:]
 }

@@ -112,3 +112,8 @@ func Parse(data []byte, getenv func(string) string) (*Config, error) {
 	}
 	return cfg, nil
 }
+
+// DefaultBitcoinDust is the default dust of a Bitcoin asset, in satoshis:
+// outputs below it are flagged and pay no order (as they would not be
+// relayed by default).
+const DefaultBitcoinDust = 546

@@ -322,6 +322,11 @@ func (v *validator) asset(netWhere string, j int, n *paywatch.Network, r *rawAss
 		a.MaxAmount = m
 	}
 	a.Dust = new(big.Int)
+	if n.Family == paywatch.FamilyBitcoin && a.Decimals == 8 {
+		// Bitcoin's own dust threshold for the costliest common output
+		// (P2PKH): less than this is never a customer's payment.
+		a.Dust = big.NewInt(DefaultBitcoinDust)
+	}
 	if r.Dust != "" {
 		d, err := paywatch.ParseUnits(r.Dust, a.Decimals, a.Symbol, nil)
 		if err != nil {
