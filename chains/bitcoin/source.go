@@ -10,6 +10,7 @@ import (
 	"math/big"
 	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/btcsuite/btcd/blockchain"
@@ -37,6 +38,8 @@ type Source struct {
 	asset   *paywatch.Asset
 	watch   *WatchSet
 	log     *slog.Logger
+	// announce logs the size of the watch set once it is first loaded.
+	announce sync.Once
 }
 
 var (
@@ -174,6 +177,7 @@ func (s *Source) Scan(ctx context.Context, from, to uint64) (*scan.Batch, error)
 	if err := s.watch.Refresh(ctx); err != nil {
 		return nil, err
 	}
+	s.announce.Do(func() { s.log.Info("watching addresses", "scripts", s.watch.Len()) })
 	first := from
 	if from > 0 {
 		first = from - 1 // the parent, to anchor the range

@@ -20,7 +20,7 @@ type Given interface {
 // givenPage is how many handed-out addresses one read of Given brings: a
 // million orders are read in pages, so that loading them never holds them
 // all twice.
-const givenPage = 20_000
+const givenPage = 50_000
 
 // DefaultLookahead is how many addresses past the last one handed out a
 // watch set derives ahead, so that an order created while a batch is
@@ -37,6 +37,9 @@ type WatchSet struct {
 	given     Given
 	Lookahead uint32
 
+	// refresh lets one Refresh run at a time (the scanner's and the
+	// mempool watcher's): the second finds the first's work done.
+	refresh sync.Mutex
 	mu      sync.RWMutex
 	scripts map[string]struct{}
 	keys    []*keyWatch
@@ -87,6 +90,8 @@ func (w *WatchSet) add(address string) error {
 // Refresh reads the addresses handed out since the last refresh and
 // derives ahead of the last one. Scanning calls it before every batch.
 func (w *WatchSet) Refresh(ctx context.Context) error {
+	w.refresh.Lock()
+	defer w.refresh.Unlock()
 	for _, k := range w.keys {
 		for {
 			full, err := w.refreshKey(ctx, k)

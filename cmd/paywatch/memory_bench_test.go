@@ -67,6 +67,9 @@ func BenchmarkServeMemory(b *testing.B) {
 					time.Sleep(100 * time.Millisecond)
 				}
 				d.stop()
+				if os.Getenv("PAYWATCH_BENCH_LOGS") != "" {
+					b.Logf("daemon logs:\n%s", d.logText())
+				}
 			}
 			b.ReportMetric(float64(peak)/(1<<20), "MiB-rss")
 		})
