@@ -44,3 +44,29 @@ func TestBlockWithForeignTransactionsRefused(t *testing.T) {
 		t.Fatal("another block than the one asked for")
 	}
 }
+
+// A node's raw block, whatever its bytes, decodes or is refused with an
+// error: never a panic, never a block other than the one asked for.
+func FuzzDecodeBlock(f *testing.F) {
+	b := wire.NewMsgBlock(wire.NewBlockHeader(0x20000000, &chainhash.Hash{1}, &chainhash.Hash{}, 0x207fffff, 7))
+	coinbase := wire.NewMsgTx(2)
+	coinbase.AddTxIn(wire.NewTxIn(wire.NewOutPoint(&chainhash.Hash{}, wire.MaxPrevOutIndex), []byte{1, 2}, nil))
+	coinbase.AddTxOut(wire.NewTxOut(5_000_000_000, []byte{0x51}))
+	_ = b.AddTransaction(coinbase)
+	b.Header.MerkleRoot = blockchain.CalcMerkleRoot([]*btcutil.Tx{btcutil.NewTx(coinbase)}, false)
+	var buf bytes.Buffer
+	_ = b.Serialize(&buf)
+	hash := b.BlockHash().String()
+	f.Add(hex.EncodeToString(buf.Bytes()))
+	f.Add("")
+	f.Add("zz")
+	f.Fuzz(func(t *testing.T, raw string) {
+		block, txs, err := decodeBlock(raw, hash)
+		if err != nil {
+			return
+		}
+		if block.BlockHash().String() != hash || len(txs) != len(block.Transactions) {
+			t.Fatalf("decoded another block: %s", block.BlockHash())
+		}
+	})
+}

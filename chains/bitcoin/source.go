@@ -284,6 +284,9 @@ func decodeBlock(raw, hash string) (*wire.MsgBlock, []*btcutil.Tx, error) {
 	if got := block.BlockHash().String(); got != hash {
 		return nil, nil, fmt.Errorf("the node sent block %s for %s", got, hash)
 	}
+	if len(block.Transactions) == 0 {
+		return nil, nil, fmt.Errorf("block %s has no transactions", hash) // not even a coinbase
+	}
 	// The header is the block asked for; its merkle root ties the
 	// transactions to it.
 	txs := make([]*btcutil.Tx, len(block.Transactions))
