@@ -375,3 +375,52 @@ func TestBitcoinReorgBeforeSettlement(t *testing.T) {
 		t.Fatalf("settled %s", got)
 	}
 }
+
+// The money-safety rules hold on Bitcoin: a payment mined before an order
+// existed never pays it — not by its address (the next address to be
+// handed out, paid ahead), not by a claim of its txid — and waits in the
+// inbox; a payment broadcast in time and mined after the order was created
+// does pay it.
+func TestBitcoinPaymentMinedBeforeTheOrder(t *testing.T) {
+	e := newBTCEnv(t)
+	e.sync()
+	next, err := e.store.Addresses.Address(reconciletest.VPub, 0) // the address the next order gets
+	if err != nil {
+		t.Fatal(err)
+	}
+	early := e.node.Pay(btctest.Output{Address: next, Sats: 150_000})
+	e.node.Mine(1)
+	e.mempool()
+	e.sync()
+	e.clock.Advance(time.Second)
+	o := e.order(150_000)
+	if o.PayAddress != next {
+		t.Fatalf("the order got %s, not the address paid ahead %s", o.PayAddress, next)
+	}
+	e.node.Mine(2)
+	e.mempool()
+	e.sync()
+	e.expect(o, paywatch.StatusAwaitingPayment, "")
+	if _, err := e.store.MarkPaid(context.Background(), o.ID, early, "shop"); err != nil {
+		t.Fatal(err)
+	}
+	e.sync()
+	e.expect(o, paywatch.StatusAwaitingPayment, "")
+	if why := e.rejection(o); why == "" {
+		t.Fatalf("the claim of a payment mined before the order was not rejected: %v", e.events(o))
+	}
+	var inbox int
+	if err := e.db.Get(&inbox, `SELECT count(*) FROM transfers WHERE tx_hash = $1 AND order_id IS NULL`, early); err != nil || inbox != 1 {
+		t.Fatalf("the early payment is not in the inbox (%d, %v)", inbox, err)
+	}
+
+	// Paid now, in time: it pays.
+	e.node.Pay(btctest.Output{Address: o.PayAddress, Sats: 150_000})
+	e.mempool()
+	e.sync()
+	e.expect(o, paywatch.StatusConfirming, "")
+	e.node.Mine(2)
+	e.mempool()
+	e.sync()
+	e.expect(o, paywatch.StatusSettled, "")
+}
