@@ -178,6 +178,7 @@ func (s *Source) Scan(ctx context.Context, from, to uint64) (*scan.Batch, error)
 		return nil, err
 	}
 	s.announce.Do(func() { s.log.Info("watching addresses", "scripts", s.watch.Len()) })
+	coverage := s.watch.coverage()
 	first := from
 	if from > 0 {
 		first = from - 1 // the parent, to anchor the range
@@ -262,6 +263,9 @@ func (s *Source) Scan(ctx context.Context, from, to uint64) (*scan.Batch, error)
 			prev = hashes[i]
 			b.Transfers = append(b.Transfers, s.outputs(block, txs, h, hashes[i])...)
 		}
+	}
+	if err := s.watch.checkCovered(ctx, coverage); err != nil {
+		return nil, err
 	}
 	return b, nil
 }

@@ -2,6 +2,7 @@ package bitcoin
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 
@@ -144,6 +145,42 @@ func (w *WatchSet) refreshKey(ctx context.Context, k *keyWatch) (bool, error) {
 		k.derived++
 	}
 	return false, nil
+}
+
+// coverage returns, per extended key, the first index whose address is
+// not in the set.
+func (w *WatchSet) coverage() []uint32 {
+	w.mu.RLock()
+	defer w.mu.RUnlock()
+	cov := make([]uint32, len(w.keys))
+	for i, k := range w.keys {
+		cov[i] = k.derived
+	}
+	return cov
+}
+
+// errOutgrown says that orders were handed addresses past what the set
+// held while blocks were read with it.
+var errOutgrown = errors.New("more orders were created while blocks were read than the watch set looks ahead: reading them again")
+
+// checkCovered fails with errOutgrown when an address beyond cov (from
+// coverage, taken before blocks were read) has been handed out since: the
+// blocks must be read again with the grown set, or a payment to it could
+// be missed.
+func (w *WatchSet) checkCovered(ctx context.Context, cov []uint32) error {
+	if w.given == nil {
+		return nil
+	}
+	for i, k := range w.keys {
+		_, next, err := w.given.Given(ctx, k.xpub, cov[i], 0)
+		if err != nil {
+			return fmt.Errorf("read the addresses of %s…: %w", k.xpub[:12], err)
+		}
+		if next > cov[i] {
+			return errOutgrown
+		}
+	}
+	return nil
 }
 
 // Has reports whether an output script pays a watched address.
