@@ -5,6 +5,8 @@ package btctest
 
 import (
 	"bytes"
+	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"sync"
@@ -60,17 +62,29 @@ func start(t testing.TB, coins bool) *Node {
 	t.Helper()
 	setUp.Lock()
 	defer setUp.Unlock()
-	h, err := rpctest.New(Params, nil, []string{"--txindex"}, "")
-	if err != nil {
-		t.Fatalf("btctest: %v", err)
-	}
+	// rpctest's own ports count up from 8333 in every process: test
+	// binaries of several packages running at once would collide. The
+	// kernel's free ports do not (and a set-up that loses a race for one
+	// is tried again).
+	rpctest.ListenAddressGenerator = freeAddresses
 	mature := uint32(0)
 	if coins {
 		mature = 30
 	}
-	if err := h.SetUp(coins, mature); err != nil {
+	var h *rpctest.Harness
+	for attempt := 1; ; attempt++ {
+		var err error
+		if h, err = rpctest.New(Params, nil, []string{"--txindex"}, ""); err != nil {
+			t.Fatalf("btctest: %v", err)
+		}
+		err = h.SetUp(coins, mature)
+		if err == nil {
+			break
+		}
 		_ = h.TearDown()
-		t.Fatalf("btctest: set up btcd: %v", err)
+		if attempt == 3 {
+			t.Fatalf("btctest: set up btcd: %v", err)
+		}
 	}
 	t.Cleanup(func() { _ = h.TearDown() })
 	cfg := h.RPCConfig()
@@ -80,6 +94,20 @@ func start(t testing.TB, coins bool) *Node {
 	}
 	return &Node{t: t, H: h, URL: "https://" + cfg.Host,
 		Credentials: bitcoin.Credentials{User: cfg.User, Pass: cfg.Pass, CertFile: cert}}
+}
+
+// freeAddresses returns two listening addresses on ports the kernel has
+// free now.
+func freeAddresses() (string, string) {
+	port := func() string {
+		l, err := net.Listen("tcp4", "127.0.0.1:0")
+		if err != nil {
+			panic(fmt.Sprintf("btctest: no free port: %v", err))
+		}
+		defer l.Close()
+		return l.Addr().String()
+	}
+	return port(), port()
 }
 
 // Connect joins n to other as a peer and waits until both have the same
