@@ -136,12 +136,16 @@ type Facts struct {
 	Received *big.Int
 	// Late: a live transfer was mined after the order expired.
 	Late bool
-	// Mempool sightings of payments to the order: Detected are still in
-	// the mempool (or not yet known to be mined), summing DetectedAmount;
-	// Withdrawn were replaced or dropped. They show a payment early and
-	// never pay anything.
-	Detected, Withdrawn int
-	DetectedAmount      *big.Int
+	// Detached counts the payments once matched and then taken from the
+	// order because, as they finally arrived, they could not pay it (a
+	// reorg mined them again below its height): like Orphaned, they were
+	// payments it held.
+	Detached int
+	// Detected counts the mempool sightings of payments to the order
+	// still in the mempool (or not yet known to be mined), summing
+	// DetectedAmount. They show a payment early and never pay anything.
+	Detected       int
+	DetectedAmount *big.Int
 }
 
 // Decide returns the status (and dispute reason) an order's facts call for.
@@ -171,16 +175,21 @@ func Decide(f Facts) (Status, Reason) {
 	}
 	acceptedNothing := f.Accepted != nil && f.Accepted.Sign() == 0
 	if f.Live == 0 && !acceptedNothing {
-		// Payment detected: sightings in a mempool of the whole pay amount,
+		// Payment detected: sightings in a mempool of the whole amount,
 		// before expiry, hold the order confirming (a settled order's
 		// payment a reorg sent back to the mempool waits again).
-		sighted := f.Detected > 0 && f.DetectedAmount != nil && f.DetectedAmount.Cmp(f.PayAmount) >= 0 && f.Now.Before(f.ExpiresAt)
+		target := f.PayAmount
+		if f.Accepted != nil {
+			target = f.Accepted
+		}
+		sighted := f.Detected > 0 && f.DetectedAmount != nil && f.DetectedAmount.Cmp(target) >= 0 && f.Now.Before(f.ExpiresAt)
 		switch {
 		case sighted && (f.Status == StatusAwaitingPayment || f.Status == StatusConfirming || f.Status == StatusSettled):
 			return StatusConfirming, ""
-		case f.Status == StatusConfirming && f.Orphaned == 0 && (f.Detected > 0 || f.Withdrawn > 0):
-			// All it had were sightings, replaced, dropped or past expiry:
-			// as if they had never come.
+		case f.Status == StatusConfirming && f.Orphaned == 0 && f.Detached == 0:
+			// It never held a payment: all it had were sightings, now
+			// replaced, dropped, short or past expiry. As if they had
+			// never come.
 			f.Status = StatusAwaitingPayment
 			return Decide(f)
 		}

@@ -37,7 +37,7 @@ func randomFacts(r *rand.Rand) Facts {
 	}
 	if r.IntN(3) == 0 {
 		f.Detected = r.IntN(2)
-		f.Withdrawn = r.IntN(2)
+		f.Detached = r.IntN(2)
 	}
 	f.DetectedAmount = big.NewInt(int64(f.Detected) * []int64{50, 100, 150}[r.IntN(3)])
 	if f.Status == StatusSettled && r.IntN(3) == 0 {
@@ -141,7 +141,9 @@ func TestDecideScenarios(t *testing.T) {
 		{"operator settled with nothing received", func(f *Facts) {
 			f.Status, f.Accepted, f.Orphaned = StatusSettled, new(big.Int), 1
 		}, StatusSettled, ""},
-		{"confirming, its payment mined again before the order existed", func(f *Facts) { f.Status = StatusConfirming }, StatusDisputed, ReasonOrphanedPayment},
+		{"confirming, its payment mined again before the order existed", func(f *Facts) {
+			f.Status, f.Detached = StatusConfirming, 1
+		}, StatusDisputed, ReasonOrphanedPayment},
 		{"refunded stays refunded", func(f *Facts) { f.Status, f.Orphaned = StatusRefunded, 1 }, StatusRefunded, ""},
 		{"payment detected in the mempool", func(f *Facts) {
 			f.Status, f.Detected, f.DetectedAmount = StatusAwaitingPayment, 1, big.NewInt(100)
@@ -158,19 +160,22 @@ func TestDecideScenarios(t *testing.T) {
 		{"detected after expiry does not revive an expired order", func(f *Facts) {
 			f.Status, f.Detected, f.DetectedAmount, f.ExpiresAt = StatusExpired, 1, big.NewInt(100), now.Add(-time.Hour)
 		}, StatusExpired, ""},
-		{"detected, then replaced", func(f *Facts) { f.Status, f.Withdrawn = StatusConfirming, 1 }, StatusAwaitingPayment, ""},
+		{"detected, then replaced", func(f *Facts) { f.Status = StatusConfirming }, StatusAwaitingPayment, ""},
 		{"detected, replaced, past expiry", func(f *Facts) {
-			f.Status, f.Withdrawn, f.ExpiresAt = StatusAwaitingPayment, 1, now.Add(-time.Hour)
+			f.Status, f.ExpiresAt = StatusConfirming, now.Add(-time.Hour)
 		}, StatusExpired, ""},
 		{"settled, its payment back in the mempool after a reorg", func(f *Facts) {
 			f.Status, f.Orphaned, f.Detected, f.DetectedAmount = StatusSettled, 1, 1, big.NewInt(100)
 		}, StatusConfirming, ""},
 		{"confirming, its payment mined where it cannot pay it: taken away, not withdrawn", func(f *Facts) {
-			f.Status = StatusConfirming
+			f.Status, f.Detached, f.Detected, f.DetectedAmount = StatusConfirming, 1, 1, big.NewInt(5)
 		}, StatusDisputed, ReasonOrphanedPayment},
 		{"mined and orphaned, the mempool copy replaced", func(f *Facts) {
-			f.Status, f.Orphaned, f.Withdrawn = StatusConfirming, 1, 1
+			f.Status, f.Orphaned = StatusConfirming, 1
 		}, StatusDisputed, ReasonOrphanedPayment},
+		{"operator accepted a part; its payment back in the mempool", func(f *Facts) {
+			f.Status, f.Accepted, f.Orphaned, f.Detected, f.DetectedAmount = StatusSettled, big.NewInt(90), 1, 1, big.NewInt(90)
+		}, StatusConfirming, ""},
 		{"detected never settles a dispute", func(f *Facts) {
 			f.Status, f.Reason, f.Detected, f.DetectedAmount = StatusDisputed, ReasonNoPaymentFound, 1, big.NewInt(100)
 		}, StatusDisputed, ReasonNoPaymentFound},

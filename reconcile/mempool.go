@@ -24,14 +24,17 @@ import (
 // besides a block passing, before it counts as dropped.
 const DroppedAfter = time.Minute
 
-// MaxWithdrawals is how many sightings of an order may be withdrawn before
-// sightings stop moving it (its payment then shows once mined).
+// MaxWithdrawals is how many payments of an order may be withdrawn from
+// the mempool before sightings stop moving it (its payment then shows once
+// mined).
 const MaxWithdrawals = 3
 
 // resolveMempool ends the sightings that left the mempool at or below the
 // scanner's cursor: mined (a live transfer of the same output exists),
 // replaced (a transaction was seen spending one of its inputs) or dropped.
-// A sighting that is merely missing is dropped only once the scanner has
+// A replacement tied to the same order is a fee bump (payment_replaced on
+// the timeline); any other end but mined withdraws the payment
+// (payment_withdrawn). A sighting that is merely missing is dropped only once the scanner has
 // passed a block more and it has been missing for DroppedAfter ($2): a
 // node restarting or a failover to a node that has not seen it yet
 // withdraws nothing. Withdrawals are written on the order's timeline.
@@ -48,12 +51,14 @@ WITH ended AS (
 ), gone AS (
 	UPDATE mempool_transfers m SET left_at = $1, updated_at = $1, dirty = true, left_reason = ended.reason
 	FROM ended WHERE m.id = ended.id AND ended.reason IS NOT NULL
-	RETURNING m.order_id, m.tx_hash, m.idx, m.amount, m.left_reason, m.replaced_by
+	RETURNING m.network, m.order_id, m.tx_hash, m.idx, m.amount, m.left_reason, m.replaced_by
 ), ev AS (
 	INSERT INTO order_events (order_id, at, type, actor, detail)
-	SELECT order_id, $1, 'payment_withdrawn', 'reconciler', jsonb_strip_nulls(jsonb_build_object(
-		'tx_hash', tx_hash, 'output', idx, 'amount_units', amount::text, 'why', left_reason, 'replaced_by', replaced_by))
-	FROM gone WHERE order_id IS NOT NULL AND left_reason <> 'mined'
+	SELECT g.order_id, $1, CASE WHEN EXISTS (SELECT 1 FROM mempool_transfers r WHERE r.network = g.network
+			AND r.tx_hash = g.replaced_by AND r.order_id = g.order_id) THEN 'payment_replaced' ELSE 'payment_withdrawn' END,
+		'reconciler', jsonb_strip_nulls(jsonb_build_object('tx_hash', g.tx_hash, 'output', g.idx,
+			'amount_units', g.amount::text, 'why', g.left_reason, 'replaced_by', g.replaced_by))
+	FROM gone g WHERE g.order_id IS NOT NULL AND g.left_reason <> 'mined'
 )
 SELECT count(*) FROM gone`
 
@@ -61,9 +66,10 @@ SELECT count(*) FROM gone`
 // it: an order awaiting payment or confirming, created before the sighting
 // and expiring after it, whose address it pays (and, on a shared address,
 // whose exact pay amount it is); never dust, and never to an order that
-// has had MaxWithdrawals ($2) sightings withdrawn (replacing a payment
-// back and forth does not move an order for ever). The order's timeline
-// says a payment was detected.
+// has had MaxWithdrawals ($2) payments withdrawn (its timeline's
+// payment_withdrawn: replacing a payment back and forth does not move an
+// order for ever), unless it replaces one of the order's own sightings (a
+// fee bump). The order's timeline says a payment was detected.
 const matchMempool = `
 WITH cand AS (
 	SELECT m.id AS mid, min(o.id) AS oid
@@ -72,8 +78,9 @@ WITH cand AS (
 	WHERE m.order_id IS NULL AND m.left_at IS NULL AND m.missing_at_height IS NULL AND m.flags = '{}'
 		AND o.status IN ('awaiting_payment', 'confirming') AND o.created_at <= m.first_seen_at
 		AND m.first_seen_at < o.expires_at AND (o.unique_k IS NULL OR o.pay_amount = m.amount)
-		AND (SELECT count(*) FROM mempool_transfers w WHERE w.order_id = o.id
-			AND w.left_reason IN ('replaced', 'dropped')) < $2
+		AND ((SELECT count(*) FROM order_events w WHERE w.order_id = o.id AND w.type = 'payment_withdrawn') < $2
+			OR EXISTS (SELECT 1 FROM mempool_transfers p WHERE p.order_id = o.id AND p.network = m.network
+				AND p.replaced_by = m.tx_hash))
 	GROUP BY m.id HAVING count(*) = 1
 ), matched AS (
 	UPDATE mempool_transfers m SET order_id = cand.oid, dirty = true, updated_at = $1
@@ -99,11 +106,13 @@ WITH changed AS (
 func (r *Reconciler) mempool(ctx context.Context, now time.Time) (int64, error) {
 	var total int64
 	err := pg.Tx(ctx, r.db, func(tx *sqlx.Tx) error {
+		// Matching first: a replacement is tied to its order before the
+		// sighting it replaced ends, so that a fee bump reads as one.
 		var resolved, matched int64
-		if err := tx.GetContext(ctx, &resolved, resolveMempool, now, DroppedAfter.Seconds()); err != nil {
+		if err := tx.GetContext(ctx, &matched, matchMempool, now, MaxWithdrawals); err != nil {
 			return err
 		}
-		if err := tx.GetContext(ctx, &matched, matchMempool, now, MaxWithdrawals); err != nil {
+		if err := tx.GetContext(ctx, &resolved, resolveMempool, now, DroppedAfter.Seconds()); err != nil {
 			return err
 		}
 		total = resolved + matched

@@ -3,6 +3,8 @@ package reconcile_test
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -156,5 +158,90 @@ func TestMempoolBriefAbsenceWithdrawsNothing(t *testing.T) {
 	f.expect(o, paywatch.StatusAwaitingPayment, "")
 	if evs := f.events(o); evs[len(evs)-2] != "payment_withdrawn" {
 		t.Fatalf("timeline %v", evs)
+	}
+}
+
+// A paid order that once had another sighting (a fee bump, or a stranger's
+// few satoshis) and whose payment a reorg then took away is disputed, not
+// sent back to wait and expire in silence.
+func TestMempoolHistoryDoesNotHideATakenPayment(t *testing.T) {
+	for _, stray := range []bool{false, true} {
+		t.Run(fmt.Sprintf("stray=%v", stray), func(t *testing.T) {
+			f := newFixture(t)
+			o := f.order(btc, 100_000)
+			f.clock.Advance(time.Second)
+			if stray {
+				f.sight(o, o.PayAddress, 600, "stray") // still in the mempool
+			} else {
+				f.sight(o, o.PayAddress, 100_000, "txa0")
+				f.pass()
+				f.gone("txa0", "txa") // a fee bump
+			}
+			f.sight(o, o.PayAddress, 100_000, "txa")
+			f.pass()
+			f.expect(o, paywatch.StatusConfirming, "")
+			tr := f.pay(payment{asset: btc, to: o.PayAddress, amount: 100_000, tx: "txa", state: "seen"})
+			pgtest.Exec(t, f.db, `UPDATE transfers SET tx_key = 'vout:0' WHERE id = $1`, tr)
+			f.gone("txa", "")
+			f.scanned("bitcoin", 1)
+			f.pass()
+			f.expect(o, paywatch.StatusConfirming, "")
+			pgtest.Exec(t, f.db, `UPDATE transfers SET block_number = 0, block_hash = '0xnew', ledger_dirty = true WHERE id = $1`, tr)
+			f.pass()
+			f.expect(o, paywatch.StatusDisputed, paywatch.ReasonOrphanedPayment)
+		})
+	}
+}
+
+// Fee bumps are no withdrawals: an order whose payment is replaced by a
+// higher-fee one paying it again, many times, stays confirming, and
+// cannot be cancelled meanwhile.
+func TestMempoolFeeBumpsKeepTheOrder(t *testing.T) {
+	f := newFixture(t)
+	o := f.order(btc, 100_000)
+	f.clock.Advance(time.Second)
+	f.sight(o, o.PayAddress, 100_000, "bump0")
+	f.pass()
+	for i := 1; i <= reconcile.MaxWithdrawals+2; i++ {
+		f.gone(fmt.Sprintf("bump%d", i-1), fmt.Sprintf("bump%d", i))
+		f.sight(o, o.PayAddress, 100_000, fmt.Sprintf("bump%d", i))
+		f.pass()
+		f.expect(o, paywatch.StatusConfirming, "")
+	}
+	if _, err := f.store.Cancel(context.Background(), o.ID, "shop"); err == nil {
+		t.Fatal("the storefront cancelled an order whose full payment is in the mempool")
+	}
+	evs := f.events(o)
+	if n := strings.Count(strings.Join(evs, " "), "payment_replaced"); n != reconcile.MaxWithdrawals+2 || slices.Contains(evs, "payment_withdrawn") {
+		t.Fatalf("timeline %v", evs)
+	}
+}
+
+// A sighting that comes back (re-broadcast, failover) is matched again
+// under the rules: it cannot flip an order past the cap.
+func TestMempoolReopenedSightingKeepsTheCap(t *testing.T) {
+	f := newFixture(t)
+	o := f.order(btc, 100_000)
+	moves := 0
+	for i := 0; i < reconcile.MaxWithdrawals+3; i++ {
+		f.clock.Advance(time.Second)
+		if i == 0 {
+			f.sight(o, o.PayAddress, 100_000, "again")
+		} else {
+			// The watcher's upsert for a transaction seen again.
+			pgtest.Exec(t, f.db, `UPDATE mempool_transfers SET missing_at_height = NULL, missing_since = NULL, left_at = NULL,
+				left_reason = NULL, replaced_by = NULL, order_id = NULL, dirty = true WHERE tx_hash = 'again'`)
+		}
+		f.pass()
+		if got, _ := f.store.Get(context.Background(), o.ID); got.Status == paywatch.StatusConfirming {
+			moves++
+		}
+		f.gone("again", "")
+		f.scanned("bitcoin", 1)
+		f.clock.Advance(2 * reconcile.DroppedAfter)
+		f.pass()
+	}
+	if moves != reconcile.MaxWithdrawals {
+		t.Fatalf("a sighting seen again moved the order %d times, want %d", moves, reconcile.MaxWithdrawals)
 	}
 }

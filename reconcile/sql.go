@@ -110,8 +110,8 @@ const orderFacts = `o.id, o.status, o.dispute_reason, o.pay_amount, o.accepted_a
 // neither provisional nor moved since), so that a settlement moves exactly
 // what the order's account holds. Mempool sightings are counted apart:
 // detected (still in the mempool, or not yet known to be mined; with their
-// sum) and withdrawn (replaced or dropped: a sighting mined where it cannot
-// pay the order is not withdrawn, its payment was taken away).
+// sum). Detached counts the payments taken from the order since they were
+// matched (transfer_unmatched on its timeline).
 const factsSelect = `l.id AS oid, l.status, l.dispute_reason, l.pay_amount::text AS pay_amount,
 	l.accepted_amount::text AS accepted_amount, l.shared, l.expires_at, l.customer_marked_paid_at, l.network, l.asset,
 	count(t.id) FILTER (WHERE t.state <> 'orphaned') AS live,
@@ -121,7 +121,7 @@ const factsSelect = `l.id AS oid, l.status, l.dispute_reason, l.pay_amount::text
 	coalesce(sum(t.amount) FILTER (WHERE t.state <> 'orphaned'), 0)::text AS received,
 	coalesce(bool_or(coalesce(t.block_time, t.first_seen_at) > l.expires_at) FILTER (WHERE t.state <> 'orphaned'), false) AS late,
 	(SELECT count(*) FROM mempool_transfers m WHERE m.order_id = l.id AND m.left_at IS NULL) AS detected,
-	(SELECT count(*) FROM mempool_transfers m WHERE m.order_id = l.id AND m.left_reason IN ('replaced', 'dropped')) AS withdrawn,
+	(SELECT count(*) FROM order_events e WHERE e.order_id = l.id AND e.type = 'transfer_unmatched') AS detached,
 	(SELECT coalesce(sum(m.amount), 0) FROM mempool_transfers m WHERE m.order_id = l.id AND m.left_at IS NULL)::text AS detected_amount`
 
 const factsGroup = `l.id, l.status, l.dispute_reason, l.pay_amount, l.accepted_amount, l.shared, l.expires_at,

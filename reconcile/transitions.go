@@ -35,7 +35,7 @@ type factsRow struct {
 	Received  string     `db:"received"`
 	Late      bool       `db:"late"`
 	Detected  int        `db:"detected"`
-	Withdrawn int        `db:"withdrawn"`
+	Detached  int        `db:"detached"`
 	DetAmount string     `db:"detected_amount"`
 }
 
@@ -49,7 +49,7 @@ func (f *factsRow) facts(now time.Time, grace time.Duration) (paywatch.Facts, er
 	facts := paywatch.Facts{Status: paywatch.Status(*f.Status), Shared: *f.Shared, PayAmount: pay,
 		ExpiresAt: *f.ExpiresAt, MarkedPaidAt: f.MarkedAt, PaidGrace: grace, Now: now,
 		Live: f.Live, Unconfirmed: f.Unconf, Orphaned: f.Orphaned, Received: received, Late: f.Late,
-		Detected: f.Detected, Withdrawn: f.Withdrawn, DetectedAmount: detected}
+		Detached: f.Detached, Detected: f.Detected, DetectedAmount: detected}
 	if f.Reason != nil {
 		facts.Reason = paywatch.Reason(*f.Reason)
 	}
@@ -121,7 +121,7 @@ func (r *Reconciler) decide(ctx context.Context, tx *sqlx.Tx, now time.Time, row
 		cause := ""
 		switch {
 		case f.Status == paywatch.StatusConfirming && status != paywatch.StatusConfirming && f.Live == 0 && f.Orphaned == 0 &&
-			(f.Detected > 0 || f.Withdrawn > 0):
+			f.Detached == 0:
 			// It was held by mempool sightings alone.
 			cause = "payment_withdrawn"
 			if !now.Before(f.ExpiresAt) {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math/big"
@@ -243,46 +244,65 @@ func (m *Mempool) load(ctx context.Context) error {
 	return nil
 }
 
-// fetch reads raw transactions by txid; those the node no longer has are
-// left out.
+// fetch reads raw transactions by txid; those the node no longer has, and
+// those it cannot send or the watcher cannot read, are left out.
 func (m *Mempool) fetch(ctx context.Context, ids []string) (map[string]*wire.MsgTx, error) {
 	out := make(map[string]*wire.MsgTx, len(ids))
 	for start := 0; start < len(ids); start += mempoolBatch {
-		part := ids[start:min(start+mempoolBatch, len(ids))]
-		raws := make([]string, len(part))
-		err := m.src.nodes.Call(ctx, func(ctx context.Context, c *client) error {
-			calls := make([]*call, len(part))
-			for i, id := range part {
-				calls[i] = &call{Method: "getrawtransaction", Params: []any{id, 0}, Result: &raws[i]}
-			}
-			if err := c.do(ctx, calls); err != nil {
-				return err
-			}
-			for i, cl := range calls {
-				if cl.Err != nil && !noTx(cl.Err) {
-					return fmt.Errorf("getrawtransaction %s: %w", part[i], cl.Err)
-				}
-			}
-			return nil
-		})
-		if err != nil {
-			return nil, fmt.Errorf("read mempool transactions: %w", err)
-		}
-		for i, raw := range raws {
-			if raw == "" {
-				continue
-			}
-			tx, err := decodeTx(raw, part[i])
-			if err != nil {
-				// Not one the watcher can read: skipped (as known), so that
-				// it does not stop every later read.
-				m.log.Warn("skipping a mempool transaction", "txid", part[i], "err", err)
-				continue
-			}
-			out[part[i]] = tx
+		if err := m.fetchPart(ctx, ids[start:min(start+mempoolBatch, len(ids))], out); err != nil {
+			return nil, err
 		}
 	}
 	return out, nil
+}
+
+// fetchPart reads one request's worth of raw transactions into out. An
+// answer too large (a batch of big transactions) is read again in halves;
+// a single transaction too large is skipped.
+func (m *Mempool) fetchPart(ctx context.Context, part []string, out map[string]*wire.MsgTx) error {
+	raws := make([]string, len(part))
+	err := m.src.nodes.Call(ctx, func(ctx context.Context, c *client) error {
+		calls := make([]*call, len(part))
+		for i, id := range part {
+			calls[i] = &call{Method: "getrawtransaction", Params: []any{id, 0}, Result: &raws[i]}
+		}
+		if err := c.do(ctx, calls); err != nil {
+			return err
+		}
+		for i, cl := range calls {
+			if cl.Err != nil && !noTx(cl.Err) {
+				return fmt.Errorf("getrawtransaction %s: %w", part[i], cl.Err)
+			}
+		}
+		return nil
+	})
+	switch {
+	case errors.Is(err, errAnswerTooLarge) && len(part) > 1:
+		half := len(part) / 2
+		if err := m.fetchPart(ctx, part[:half], out); err != nil {
+			return err
+		}
+		return m.fetchPart(ctx, part[half:], out)
+	case errors.Is(err, errAnswerTooLarge):
+		m.log.Warn("skipping a mempool transaction too large to read", "txid", part[0])
+		return nil
+	case err != nil:
+		return fmt.Errorf("read mempool transactions: %w", err)
+	}
+	for i, raw := range raws {
+		if raw == "" {
+			continue
+		}
+		tx, err := decodeTx(raw, part[i])
+		if err != nil {
+			// Not one the watcher can read: skipped (as known), so that
+			// it does not stop every later read.
+			m.log.Warn("skipping a mempool transaction", "txid", part[i], "err", err)
+			continue
+		}
+		out[part[i]] = tx
+	}
+	return nil
 }
 
 // decodeTx decodes a raw transaction and checks it is the one asked for.
@@ -302,7 +322,8 @@ func decodeTx(raw, txid string) (*wire.MsgTx, error) {
 }
 
 // record writes one step in one transaction: new sightings (a transaction
-// back in the mempool after a reorg or a re-broadcast is seen again),
+// back in the mempool after a reorg or a re-broadcast is seen again, and
+// matched again under the rules),
 // transactions missing since height, replacements; and wakes the
 // reconciler.
 func (m *Mempool) record(ctx context.Context, network string, height uint64, seen []sighting, gone []string, replaced map[string]string) error {
@@ -314,7 +335,7 @@ func (m *Mempool) record(ctx context.Context, network string, height uint64, see
 					first_seen_at, updated_at)
 				VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $11)
 				ON CONFLICT (network, tx_hash, tx_key) DO UPDATE SET missing_at_height = NULL, missing_since = NULL, left_at = NULL,
-					left_reason = NULL, replaced_by = NULL, dirty = true, updated_at = $11
+					left_reason = NULL, replaced_by = NULL, order_id = NULL, dirty = true, updated_at = $11
 				WHERE mempool_transfers.missing_at_height IS NOT NULL OR mempool_transfers.left_at IS NOT NULL`,
 				paywatch.NewID("mpt"), network, m.src.asset.Symbol, s.txid, "vout:"+strconv.Itoa(s.vout), s.vout, s.to,
 				s.amount.String(), pq.Array(nonNil(s.flags)), pq.Array(nonNil(s.spends)), now); err != nil {
@@ -322,7 +343,10 @@ func (m *Mempool) record(ctx context.Context, network string, height uint64, see
 			}
 		}
 		if len(gone) > 0 {
-			if _, err := tx.ExecContext(ctx, `UPDATE mempool_transfers SET missing_at_height = $3, missing_since = $4,
+			// At the node's height, or the scanner's if it is ahead (a
+			// failover to a node behind must not shorten the wait).
+			if _, err := tx.ExecContext(ctx, `UPDATE mempool_transfers SET missing_at_height = greatest($3,
+					coalesce((SELECT block_number FROM chain_cursors WHERE network = $1), 0)), missing_since = $4,
 					dirty = true, updated_at = $4
 				WHERE network = $1 AND tx_hash = ANY($2) AND left_at IS NULL AND missing_at_height IS NULL`,
 				network, pq.Array(gone), int64(height), now); err != nil {

@@ -31,6 +31,7 @@ type client struct {
 	user, pass string
 	cookie     string // Core's .cookie file: "user:password", rewritten at each start
 	http       *http.Client
+	maxAnswer  int // bytes; maxAnswer unless a test lowers it
 }
 
 // Credentials authenticate to a node.
@@ -58,12 +59,16 @@ func newClient(url string, cred Credentials) (*client, error) {
 		}
 		tr.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
 	}
-	return &client{url: url, user: cred.User, pass: cred.Pass, cookie: cred.CookieFile, http: &http.Client{Transport: tr}}, nil
+	return &client{url: url, user: cred.User, pass: cred.Pass, cookie: cred.CookieFile, http: &http.Client{Transport: tr},
+		maxAnswer: maxAnswer}, nil
 }
 
 // maxAnswer bounds one answer of a node: a few raw blocks, or a busy
 // mainnet mempool's txids.
 const maxAnswer = 64 << 20
+
+// errAnswerTooLarge is a node's answer over maxAnswer.
+var errAnswerTooLarge = fmt.Errorf("answer over %d MiB", maxAnswer>>20)
 
 // call is one JSON-RPC call of a batch: its result is decoded into Result,
 // or its error kept in Err.
@@ -128,12 +133,12 @@ func (c *client) do(ctx context.Context, calls []*call) error {
 		return err
 	}
 	defer res.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(res.Body, maxAnswer+1))
+	data, err := io.ReadAll(io.LimitReader(res.Body, int64(c.maxAnswer)+1))
 	if err != nil {
 		return fmt.Errorf("read the node's answer: %w", err)
 	}
-	if len(data) > maxAnswer {
-		return fmt.Errorf("the node's answer to %s is over %d MiB", calls[0].Method, maxAnswer>>20)
+	if len(data) > c.maxAnswer {
+		return fmt.Errorf("the node's answer to %s: %w", calls[0].Method, errAnswerTooLarge)
 	}
 	if res.StatusCode == http.StatusUnauthorized || res.StatusCode == http.StatusForbidden {
 		return fmt.Errorf("the node refused the credentials (HTTP %d)", res.StatusCode)
