@@ -13,7 +13,6 @@ import (
 	"github.com/lib/pq"
 
 	"github.com/paywatch/paywatch"
-	"github.com/paywatch/paywatch/migrations/pg"
 	"github.com/paywatch/paywatch/reconcile/orders"
 )
 
@@ -75,7 +74,7 @@ func (r *Reconciler) followHints(ctx context.Context, now time.Time) (linked, de
 		return 0, 0, err
 	}
 	for _, id := range expired {
-		if err := pg.Tx(ctx, r.db, func(tx *sqlx.Tx) error {
+		if err := r.Sealer.SealTx(ctx, r.db, func(tx *sqlx.Tx) error {
 			if _, err := lockOrders(ctx, tx, []string{id}); err != nil {
 				return err
 			}
@@ -98,7 +97,7 @@ func (r *Reconciler) followHints(ctx context.Context, now time.Time) (linked, de
 	for _, id := range pending {
 		var n int64
 		var done bool
-		if err := pg.Tx(ctx, r.db, func(tx *sqlx.Tx) error {
+		if err := r.Sealer.SealTx(ctx, r.db, func(tx *sqlx.Tx) error {
 			var err error
 			n, done, err = followHint(ctx, tx, id, now)
 			return err

@@ -6,8 +6,6 @@ import (
 	"time"
 
 	"github.com/jmoiron/sqlx"
-
-	"github.com/paywatch/paywatch/migrations/pg"
 )
 
 // Payments seen in a mempool (mempool_transfers, written by the Bitcoin
@@ -105,7 +103,7 @@ WITH changed AS (
 // sightings it tied to orders or ended.
 func (r *Reconciler) mempool(ctx context.Context, now time.Time) (int64, error) {
 	var total int64
-	err := pg.Tx(ctx, r.db, func(tx *sqlx.Tx) error {
+	err := r.Sealer.SealTx(ctx, r.db, func(tx *sqlx.Tx) error {
 		// Matching first: a replacement is tied to its order before the
 		// sighting it replaced ends, so that a fee bump reads as one.
 		var resolved, matched int64

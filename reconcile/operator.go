@@ -21,6 +21,8 @@ import (
 type Operator struct {
 	db  *sqlx.DB
 	Now func() time.Time
+	// Sealer writes the bodies of the webhooks an action enqueues.
+	Sealer *orders.Sealer
 }
 
 // NewOperator returns an Operator over db.
@@ -62,7 +64,7 @@ func (op *Operator) Attach(ctx context.Context, transferID, orderID, note, actor
 		return paywatch.Errorf(paywatch.CodeNotFound, "no transfer %.80q", transferID)
 	}
 	now := op.Now().UTC().Truncate(time.Microsecond)
-	return pg.Tx(ctx, op.db, func(tx *sqlx.Tx) error {
+	return op.Sealer.SealTx(ctx, op.db, func(tx *sqlx.Tx) error {
 		status, _, network, asset, err := lockOrder(ctx, tx, orderID)
 		if err != nil {
 			return err
@@ -121,7 +123,7 @@ func (op *Operator) Resolve(ctx context.Context, orderID string, outcome paywatc
 		return paywatch.Errorf(paywatch.CodeInvalidRequest, "outcome must be settled, refunded or cancelled, not %.40q", outcome)
 	}
 	now := op.Now().UTC().Truncate(time.Microsecond)
-	return pg.Tx(ctx, op.db, func(tx *sqlx.Tx) error {
+	return op.Sealer.SealTx(ctx, op.db, func(tx *sqlx.Tx) error {
 		status, reason, _, _, err := lockOrder(ctx, tx, orderID)
 		if err != nil {
 			return err

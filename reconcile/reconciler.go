@@ -27,7 +27,7 @@ import (
 
 	"github.com/paywatch/paywatch/chains/scan"
 	"github.com/paywatch/paywatch/ledger"
-	"github.com/paywatch/paywatch/migrations/pg"
+	"github.com/paywatch/paywatch/reconcile/orders"
 )
 
 // DefaultBatch is how many orders one transition statement handles.
@@ -52,6 +52,9 @@ type Reconciler struct {
 	Lookups map[string]TxLookup
 	// Record stores what a look-up found, as provisional transfers.
 	Record func(ctx context.Context, network string, found []scan.Found) error
+	// Sealer writes the bodies of the webhooks a pass enqueues, in the
+	// pass's transactions.
+	Sealer *orders.Sealer
 }
 
 // TxLookup reads one transaction's transfers to watched addresses.
@@ -153,7 +156,7 @@ func (r *Reconciler) PostLedger(ctx context.Context) (int64, error) {
 
 func (r *Reconciler) postLedger(ctx context.Context, now time.Time) (int64, error) {
 	var n int64
-	err := pg.Tx(ctx, r.db, func(tx *sqlx.Tx) error {
+	err := r.Sealer.SealTx(ctx, r.db, func(tx *sqlx.Tx) error {
 		var err error
 		n, err = postLedgerTx(ctx, tx, now)
 		return err
@@ -212,7 +215,7 @@ func (r *Reconciler) match(ctx context.Context, now time.Time) (int64, error) {
 // match.
 func (r *Reconciler) lockThen(ctx context.Context, now time.Time, lock, apply string) (int64, error) {
 	var n int64
-	err := pg.Tx(ctx, r.db, func(tx *sqlx.Tx) error {
+	err := r.Sealer.SealTx(ctx, r.db, func(tx *sqlx.Tx) error {
 		var locked []string
 		if err := tx.SelectContext(ctx, &locked, lock, now, now.Add(-r.Lookback)); err != nil || len(locked) == 0 {
 			return err

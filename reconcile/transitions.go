@@ -12,7 +12,6 @@ import (
 
 	"github.com/paywatch/paywatch"
 	"github.com/paywatch/paywatch/ledger"
-	"github.com/paywatch/paywatch/migrations/pg"
 	"github.com/paywatch/paywatch/reconcile/orders"
 )
 
@@ -72,7 +71,7 @@ func (r *Reconciler) transitions(ctx context.Context, now time.Time) (int64, err
 	for {
 		var n int64
 		var rows []factsRow
-		err := pg.Tx(ctx, r.db, func(tx *sqlx.Tx) error {
+		err := r.Sealer.SealTx(ctx, r.db, func(tx *sqlx.Tx) error {
 			rows = rows[:0]
 			if err := tx.SelectContext(ctx, &rows, transitionCandidates, now, r.PaidGrace.Seconds(), after, r.Batch); err != nil {
 				return fmt.Errorf("read candidates: %w", err)

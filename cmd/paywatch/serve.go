@@ -21,6 +21,7 @@ import (
 	"github.com/paywatch/paywatch/ledger"
 	"github.com/paywatch/paywatch/reconcile"
 	"github.com/paywatch/paywatch/reconcile/orders"
+	"github.com/paywatch/paywatch/reconcile/outbox"
 )
 
 // shutdownTimeout bounds how long in-flight requests may take to finish.
@@ -106,6 +107,9 @@ type daemon struct {
 	store    *orders.Store
 	// reconciler runs passes while this instance holds its lease.
 	reconciler *reconcile.Runner
+	// sender delivers webhooks while this instance holds its lease; nil
+	// when no webhook URL is configured.
+	sender *outbox.Sender
 }
 
 // watcher scans one network while this instance holds its lease.
@@ -130,20 +134,24 @@ func newDaemon(ctx context.Context, log *slog.Logger, cfg *config.Config) (*daem
 	if err != nil {
 		return nil, err
 	}
+	sealer := orders.NewSealer(cfg.Networks)
 	store := orders.NewStore(db, cfg.Orders.MonitoringWindow, wallets)
+	store.Sealer = sealer
 	scans := scan.NewStore(db)
 	scans.Log = log
 	rec := newReconciler(db, log, cfg)
 	rec.Record = scans.Record
 	runner := reconcile.NewRunner(rec, cfg.ReconcilerSchedule, cfg.DatabaseURL, scan.NotifyChannel, log)
+	op := reconcile.NewOperator(db)
+	op.Sealer = sealer
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		db.Close()
 		return nil, fmt.Errorf("listen on %s: %w", cfg.Listen, err)
 	}
 	srv := &http.Server{
-		Handler: api.New(cfg, api.Deps{Orders: store, Chains: scans, Operator: reconcile.NewOperator(db),
-			Ledger: ledger.NewBook(db), Nudge: runner.Nudge}, log).Handler(),
+		Handler: api.New(cfg, api.Deps{Orders: store, Chains: scans, Operator: op,
+			Ledger: ledger.NewBook(db), Webhooks: outbox.NewStore(db), Nudge: runner.Nudge}, log).Handler(),
 		ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout:       30 * time.Second,
 		WriteTimeout:      60 * time.Second,
@@ -151,6 +159,9 @@ func newDaemon(ctx context.Context, log *slog.Logger, cfg *config.Config) (*daem
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 	d := &daemon{log: log, cfg: cfg, db: db, listener: ln, http: srv, store: store, reconciler: runner}
+	if cfg.WebhookURL != "" {
+		d.sender = newSender(db, log, cfg)
+	}
 	for _, n := range cfg.Networks {
 		src, closeSrc, err := newSource(n, wallets, store, log)
 		if err != nil {
@@ -202,6 +213,16 @@ func (d *daemon) Run(ctx context.Context) error {
 		defer wg.Done()
 		watchGaps(watchCtx, d.log, d.store, d.cfg.Networks)
 	}()
+	if d.sender != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			err := scan.RunLeased(watchCtx, d.db, "webhooks", leaseInterval, d.log, d.sender.Run)
+			if err != nil && watchCtx.Err() == nil {
+				d.log.Error("webhook sender stopped", "err", err)
+			}
+		}()
+	}
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -242,7 +263,18 @@ func (d *daemon) Close() {
 func newReconciler(db *sqlx.DB, log *slog.Logger, cfg *config.Config) *reconcile.Reconciler {
 	r := reconcile.New(db, log, cfg.Orders.PaidGrace, cfg.Orders.MaxExpiry+cfg.Orders.MonitoringWindow)
 	r.Lookups = map[string]reconcile.TxLookup{}
+	r.Sealer = orders.NewSealer(cfg.Networks)
 	return r
+}
+
+// newSender builds the webhook sender the configuration describes.
+func newSender(db *sqlx.DB, log *slog.Logger, cfg *config.Config) *outbox.Sender {
+	s := outbox.NewSender(db, cfg.WebhookURL, cfg.WebhookSecret,
+		outbox.Client(cfg.WebhookAllowPrivate, outbox.DefaultTimeout), log)
+	s.MaxRetryAge = cfg.WebhookMaxRetryAge
+	s.DSN = cfg.DatabaseURL
+	s.Sealer = orders.NewSealer(cfg.Networks)
+	return s
 }
 
 func reconcileCommand(ctx context.Context, e *env, args []string) error {

@@ -46,7 +46,7 @@ func lockOrder(ctx context.Context, tx *sqlx.Tx, id string) (status paywatch.Sta
 // (the form in which the watchers record transaction hashes).
 func (s *Store) MarkPaid(ctx context.Context, id, txHash, actor string) (*paywatch.Order, error) {
 	txHash = strings.ToLower(txHash)
-	err := pg.Tx(ctx, s.db, func(tx *sqlx.Tx) error {
+	err := s.Sealer.SealTx(ctx, s.db, func(tx *sqlx.Tx) error {
 		status, marked, err := lockOrder(ctx, tx, id)
 		if err != nil {
 			return err
@@ -91,7 +91,7 @@ func (s *Store) MarkPaid(ctx context.Context, id, txHash, actor string) (*paywat
 // come back to the inbox, held for an operator (flag held), not to a
 // cancelled order or another customer's claim.
 func (s *Store) Cancel(ctx context.Context, id, actor string) (*paywatch.Order, error) {
-	err := pg.Tx(ctx, s.db, func(tx *sqlx.Tx) error {
+	err := s.Sealer.SealTx(ctx, s.db, func(tx *sqlx.Tx) error {
 		status, _, err := lockOrder(ctx, tx, id)
 		if err != nil {
 			return err

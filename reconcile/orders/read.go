@@ -7,6 +7,7 @@ import (
 	"math/big"
 	"time"
 
+	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
 
 	"github.com/paywatch/paywatch"
@@ -85,11 +86,17 @@ func (r *orderRow) order() (*paywatch.Order, error) {
 
 // Get returns one order with its matched transfers.
 func (s *Store) Get(ctx context.Context, id string) (*paywatch.Order, error) {
+	return getOrder(ctx, s.db, id)
+}
+
+// getOrder reads one order with its transfers through q (the database or
+// a transaction).
+func getOrder(ctx context.Context, q sqlx.QueryerContext, id string) (*paywatch.Order, error) {
 	if !pg.ValidText(id) {
 		return nil, paywatch.Errorf(paywatch.CodeNotFound, "no order %.80q", id)
 	}
 	var rows []orderRow
-	if err := s.db.SelectContext(ctx, &rows, `SELECT `+orderColumns+` FROM orders WHERE id = $1`, id); err != nil {
+	if err := sqlx.SelectContext(ctx, q, &rows, `SELECT `+orderColumns+` FROM orders WHERE id = $1`, id); err != nil {
 		return nil, fmt.Errorf("read order %s: %w", id, err)
 	}
 	if len(rows) == 0 {
@@ -99,7 +106,7 @@ func (s *Store) Get(ctx context.Context, id string) (*paywatch.Order, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := s.attachTransfers(ctx, []*paywatch.Order{o}); err != nil {
+	if err := attachTransfers(ctx, q, []*paywatch.Order{o}); err != nil {
 		return nil, err
 	}
 	return o, nil
@@ -143,7 +150,7 @@ func (s *Store) List(ctx context.Context, f Filter) ([]*paywatch.Order, string, 
 			return nil, "", err
 		}
 	}
-	if err := s.attachTransfers(ctx, orders); err != nil {
+	if err := attachTransfers(ctx, s.db, orders); err != nil {
 		return nil, "", err
 	}
 	return orders, next, nil
@@ -204,7 +211,7 @@ func (r *transferRow) transfer() (paywatch.Transfer, error) {
 
 // attachTransfers loads the matched transfers of a page of orders in one
 // query and sums what each order received.
-func (s *Store) attachTransfers(ctx context.Context, orders []*paywatch.Order) error {
+func attachTransfers(ctx context.Context, q sqlx.QueryerContext, orders []*paywatch.Order) error {
 	if len(orders) == 0 {
 		return nil
 	}
@@ -215,7 +222,7 @@ func (s *Store) attachTransfers(ctx context.Context, orders []*paywatch.Order) e
 		ids[i] = o.ID
 	}
 	var rows []transferRow
-	if err := s.db.SelectContext(ctx, &rows, `SELECT * FROM (
+	if err := sqlx.SelectContext(ctx, q, &rows, `SELECT * FROM (
 		SELECT `+TransferColumns+`
 		FROM transfers t LEFT JOIN chain_cursors c ON c.network = t.network
 		WHERE t.order_id = ANY($1)

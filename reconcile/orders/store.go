@@ -33,6 +33,8 @@ type Store struct {
 	// a free unique amount starts. Cryptographically random unless a test
 	// replaces it.
 	Rand func(n int) int
+	// Sealer writes webhook bodies in the transactions that enqueue them.
+	Sealer *Sealer
 }
 
 func (s *Store) rand(n int) (int, error) {

@@ -16,14 +16,15 @@ const (
 	EventCreated            = "created"
 	EventCustomerMarkedPaid = "customer_marked_paid"
 	EventStatusChanged      = "status_changed"
-	EventTransferMatched    = "transfer_matched"   // by amount, address or the customer's tx hash
-	EventTransferAttached   = "transfer_attached"  // by an operator
-	EventTransferOrphaned   = "transfer_orphaned"  // a reorg took it away (written by the scanner)
-	EventTransferUnmatched  = "transfer_unmatched" // it changed (a reorg, the scanner correcting a look-up) so that it cannot pay the order
-	EventHintRejected       = "hint_rejected"      // the customer's tx hash claim pays nothing, and why
-	EventHintContested      = "hint_contested"     // two orders claim one payment: neither gets it
-	EventResolved           = "resolved"           // an operator closed a dispute
-	EventRefundAdjusted     = "refund_adjusted"    // a reorg changed what a refunded order is owed
+	EventTransferMatched    = "transfer_matched"    // by amount, address or the customer's tx hash
+	EventTransferAttached   = "transfer_attached"   // by an operator
+	EventTransferOrphaned   = "transfer_orphaned"   // a reorg took it away (written by the scanner)
+	EventTransferUnmatched  = "transfer_unmatched"  // it changed (a reorg, the scanner correcting a look-up) so that it cannot pay the order
+	EventHintRejected       = "hint_rejected"       // the customer's tx hash claim pays nothing, and why
+	EventHintContested      = "hint_contested"      // two orders claim one payment: neither gets it
+	EventResolved           = "resolved"            // an operator closed a dispute
+	EventRefundAdjusted     = "refund_adjusted"     // a reorg changed what a refunded order is owed
+	EventWebhookRedelivered = "webhook_redelivered" // an operator queued a webhook event again
 )
 
 // Webhook event types (README "HTTP API").

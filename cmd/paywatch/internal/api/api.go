@@ -14,6 +14,7 @@ import (
 	"github.com/paywatch/paywatch/ledger"
 	"github.com/paywatch/paywatch/reconcile"
 	"github.com/paywatch/paywatch/reconcile/orders"
+	"github.com/paywatch/paywatch/reconcile/outbox"
 )
 
 // MaxBodyBytes is the largest request body accepted.
@@ -57,12 +58,21 @@ type Ledger interface {
 
 var _ Ledger = (*ledger.Book)(nil)
 
+// Webhooks reads deliveries and queues events again.
+type Webhooks interface {
+	Deliveries(ctx context.Context, f outbox.Filter) ([]outbox.Delivery, string, error)
+	Redeliver(ctx context.Context, eventID, actor string) (*outbox.Delivery, error)
+}
+
+var _ Webhooks = (*outbox.Store)(nil)
+
 // Deps are what the API serves from.
 type Deps struct {
 	Orders   Store
 	Chains   Chains
 	Operator Operator
 	Ledger   Ledger
+	Webhooks Webhooks
 	// Nudge asks the reconciler for a pass now (after an operator's
 	// action); may be nil.
 	Nudge func()
@@ -70,14 +80,15 @@ type Deps struct {
 
 // Server is the HTTP API.
 type Server struct {
-	cfg    *config.Config
-	store  Store
-	chains Chains
-	ops    Operator
-	ledger Ledger
-	nudge  func()
-	keys   *keyring
-	log    *slog.Logger
+	cfg      *config.Config
+	store    Store
+	chains   Chains
+	ops      Operator
+	ledger   Ledger
+	webhooks Webhooks
+	nudge    func()
+	keys     *keyring
+	log      *slog.Logger
 }
 
 // New returns the API configured by cfg.
@@ -86,7 +97,7 @@ func New(cfg *config.Config, d Deps, log *slog.Logger) *Server {
 	if nudge == nil {
 		nudge = func() {}
 	}
-	return &Server{cfg: cfg, store: d.Orders, chains: d.Chains, ops: d.Operator, ledger: d.Ledger, nudge: nudge,
+	return &Server{cfg: cfg, store: d.Orders, chains: d.Chains, ops: d.Operator, ledger: d.Ledger, webhooks: d.Webhooks, nudge: nudge,
 		keys: newKeyring(cfg.APIKeys), log: log}
 }
 
@@ -110,13 +121,16 @@ func (s *Server) Handler() http.Handler {
 	route("POST", "/v1/transfers/{id}/attach", config.RoleOperator, s.attachTransfer)
 	route("POST", "/v1/orders/{id}/resolve", config.RoleOperator, s.resolveOrder)
 	route("GET", "/v1/ledger/balances", config.RoleOperator, s.ledgerBalances)
+	route("GET", "/v1/webhooks/deliveries", config.RoleOperator, s.listDeliveries)
+	route("POST", "/v1/webhooks/events/{id}/redeliver", config.RoleOperator, s.redeliver)
 	// Probes.
 	mux.HandleFunc("GET /healthz", s.healthz)
 	mux.HandleFunc("GET /readyz", s.readyz)
 	// Everything else answers in the API's error format.
 	for _, p := range []string{"/v1/orders", "/v1/orders/{id}", "/v1/orders/{id}/paid", "/v1/orders/{id}/cancel",
 		"/v1/orders/{id}/events", "/v1/transfers", "/v1/transfers/{id}", "/v1/networks", "/healthz", "/readyz",
-		"/v1/transfers/{id}/attach", "/v1/orders/{id}/resolve", "/v1/ledger/balances"} {
+		"/v1/transfers/{id}/attach", "/v1/orders/{id}/resolve", "/v1/ledger/balances",
+		"/v1/webhooks/deliveries", "/v1/webhooks/events/{id}/redeliver"} {
 		mux.HandleFunc(p, func(w http.ResponseWriter, r *http.Request) {
 			writeError(w, paywatch.Errorf(paywatch.CodeInvalidRequest, "method %s is not allowed on %s", r.Method, r.URL.Path), http.StatusMethodNotAllowed)
 		})

@@ -199,7 +199,7 @@ func (s *Server) listOrders(w http.ResponseWriter, r *http.Request, _ *config.AP
 	if err != nil {
 		return err
 	}
-	views := make([]orderView, len(list))
+	views := make([]orders.View, len(list))
 	for i, o := range list {
 		views[i] = s.orderView(o)
 	}

@@ -1,0 +1,315 @@
+// Package outbox delivers the webhook outbox: every event paywatch writes
+// beside a change of an order (in the same transaction) is POSTed, signed,
+// to the storefront until a 2xx answers, with capped exponential backoff
+// and jitter for up to max_retry_age, each attempt logged. Events of one
+// order leave in the order they were written. The package also serves the
+// operators' view of deliveries and their redelivery.
+package outbox
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/lib/pq"
+
+	"github.com/paywatch/paywatch/migrations/pg"
+	"github.com/paywatch/paywatch/reconcile/orders"
+	"github.com/paywatch/paywatch/reconcile/webhook"
+)
+
+// Channel is the PostgreSQL notification channel on which new events are
+// announced (a trigger on the outbox).
+const Channel = "paywatch_webhook"
+
+// Delivery statuses.
+const (
+	StatusPending   = "pending"
+	StatusDelivered = "delivered"
+	StatusFailed    = "failed"  // retried until max_retry_age, then given up
+	StatusRefused   = "refused" // the SSRF guard stopped it
+)
+
+// Defaults of a Sender.
+const (
+	DefaultBackoffBase = 5 * time.Second
+	DefaultBackoffCap  = time.Hour
+	DefaultTimeout     = 10 * time.Second
+	DefaultParallel    = 8
+	// pollInterval bounds how long a new event waits when a notification
+	// is lost (the listener reconnecting): a first delivery leaves within
+	// it.
+	pollInterval = 500 * time.Millisecond
+	batchSize    = 64
+	maxErrorText = 500
+)
+
+// Sender delivers due events. Run it in one instance at a time (serve
+// holds a lease for it); a second one running by mistake sends some events
+// twice, which at-least-once delivery allows, and never counts an attempt
+// twice.
+type Sender struct {
+	db     *sqlx.DB
+	log    *slog.Logger
+	client *http.Client
+	url    string
+	secret string
+	// MaxRetryAge is how long after an event (or its redelivery) attempts
+	// go on.
+	MaxRetryAge time.Duration
+	// BackoffBase is the first retry's delay, doubled on each failure up
+	// to BackoffCap; each delay is drawn from its upper half (jitter).
+	BackoffBase, BackoffCap time.Duration
+	// Parallel bounds concurrent requests (to different orders).
+	Parallel int
+	// DSN is where Run listens for new events; empty to poll alone.
+	DSN string
+	// Sealer seals events a writer left without a body (none in normal
+	// operation).
+	Sealer *orders.Sealer
+	// Now is the clock; tests replace it.
+	Now func() time.Time
+	// Metrics is told of each attempt; may be nil.
+	Metrics func(status string, latency time.Duration)
+}
+
+// NewSender returns a Sender POSTing to url, signing with secret.
+func NewSender(db *sqlx.DB, url, secret string, client *http.Client, log *slog.Logger) *Sender {
+	return &Sender{db: db, log: log, client: client, url: url, secret: secret,
+		MaxRetryAge: 72 * time.Hour, BackoffBase: DefaultBackoffBase, BackoffCap: DefaultBackoffCap,
+		Parallel: DefaultParallel, Now: time.Now}
+}
+
+func (s *Sender) now() time.Time { return s.Now().UTC().Truncate(time.Microsecond) }
+
+// Run delivers until ctx ends.
+func (s *Sender) Run(ctx context.Context) error {
+	wake := make(chan struct{}, 1)
+	if s.DSN != "" {
+		l := pq.NewListener(s.DSN, time.Second, time.Minute, func(_ pq.ListenerEventType, err error) {
+			if err != nil && ctx.Err() == nil {
+				s.log.Warn("webhook notifications", "err", err)
+			}
+		})
+		defer l.Close()
+		if err := l.Listen(Channel); err != nil {
+			s.log.Warn("cannot listen for new webhook events; polling", "err", err)
+		} else {
+			go func() {
+				for {
+					select {
+					case <-ctx.Done():
+						return
+					case <-l.Notify:
+						select {
+						case wake <- struct{}{}:
+						default:
+						}
+					}
+				}
+			}()
+		}
+	}
+	s.log.Info("webhook sender running", "url", s.url)
+	for {
+		n, err := s.Round(ctx)
+		if err != nil && ctx.Err() == nil {
+			s.log.Warn("webhook round failed; retrying", "err", err)
+		}
+		if n > 0 && err == nil {
+			continue // more may be due
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-wake:
+		case <-time.After(pollInterval):
+		}
+	}
+}
+
+type event struct {
+	ID       string `db:"id"`
+	OrderID  string `db:"order_id"`
+	Type     string `db:"type"`
+	Body     string `db:"body"`
+	Attempts int    `db:"attempts"`
+}
+
+// Round seals what is unsealed, gives up on events past their retry age
+// (each is tried at least once, even one that waited behind an earlier
+// event of its order all that time), and sends one batch of due events. It returns how many it attempted.
+func (s *Sender) Round(ctx context.Context) (int, error) {
+	now := s.now()
+	if s.Sealer != nil {
+		var sealed int
+		err := pg.Tx(ctx, s.db, func(tx *sqlx.Tx) error {
+			var err error
+			sealed, err = s.Sealer.Seal(ctx, tx)
+			return err
+		})
+		if err != nil {
+			return 0, err
+		}
+		if sealed > 0 {
+			s.log.Warn("webhook events were written without a body; sealed with their orders as they are now", "events", sealed)
+		}
+	}
+	if _, err := s.db.ExecContext(ctx, `UPDATE webhook_outbox SET status = 'failed', next_attempt_at = $1,
+		last_error = coalesce(last_error || '; ', '') || 'gave up: no 2xx answer within max_retry_age'
+		WHERE status = 'pending' AND attempts > 0 AND coalesce(retry_from, created_at) + $2::float8 * interval '1 microsecond' < $1`,
+		now, s.MaxRetryAge.Microseconds()); err != nil {
+		return 0, fmt.Errorf("give up on old webhook events: %w", err)
+	}
+	// The earliest pending event of each order, if due: an order's events
+	// leave in the order they were written.
+	var due []event
+	if err := s.db.SelectContext(ctx, &due, `SELECT o.id, o.order_id, o.type, o.body, o.attempts
+		FROM webhook_outbox o
+		WHERE o.status = 'pending' AND o.next_attempt_at <= $1 AND o.body IS NOT NULL
+			AND NOT EXISTS (SELECT 1 FROM webhook_outbox p
+				WHERE p.order_id = o.order_id AND p.status = 'pending' AND p.seq < o.seq)
+		ORDER BY o.next_attempt_at, o.seq LIMIT $2`, now, batchSize); err != nil {
+		return 0, fmt.Errorf("read due webhook events: %w", err)
+	}
+	parallel := max(s.Parallel, 1)
+	sem := make(chan struct{}, parallel)
+	var wg sync.WaitGroup
+	errs := make([]error, len(due))
+	for i, e := range due {
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			errs[i] = s.deliver(ctx, e)
+		}()
+	}
+	wg.Wait()
+	return len(due), errors.Join(errs...)
+}
+
+// attempt is the outcome of one POST.
+type attempt struct {
+	at      time.Time
+	code    int
+	latency time.Duration
+	err     string
+	refused bool
+}
+
+func (s *Sender) deliver(ctx context.Context, e event) error {
+	a := s.post(ctx, e)
+	if ctx.Err() != nil {
+		return ctx.Err() // shutting down: the attempt did not count
+	}
+	status := StatusPending
+	switch {
+	case a.code >= 200 && a.code < 300:
+		status = StatusDelivered
+	case a.refused:
+		status = StatusRefused
+	}
+	n := e.Attempts + 1
+	next := a.at.Add(s.backoff(n))
+	if s.Metrics != nil {
+		s.Metrics(status, a.latency)
+	}
+	err := pg.Tx(ctx, s.db, func(tx *sqlx.Tx) error {
+		res, err := tx.ExecContext(ctx, `UPDATE webhook_outbox SET attempts = $3, last_attempt_at = $4::timestamptz,
+			last_status_code = $5, last_latency_ms = $6, last_error = NULLIF($7::text, ''),
+			status = CASE WHEN $2::text = 'pending' AND coalesce(retry_from, created_at) + $9::float8 * interval '1 microsecond' < $8::timestamptz
+				THEN 'failed' ELSE $2::text END,
+			next_attempt_at = $8::timestamptz,
+			delivered_at = CASE WHEN $2::text = 'delivered' THEN $4::timestamptz END
+			WHERE id = $1 AND status = 'pending' AND attempts = $3 - 1`,
+			e.ID, status, n, a.at, nullCode(a.code), a.latency.Milliseconds(), a.err, next, s.MaxRetryAge.Microseconds())
+		if err != nil {
+			return err
+		}
+		if k, _ := res.RowsAffected(); k == 0 {
+			return nil // recorded by someone else (an operator's redelivery, another sender)
+		}
+		_, err = tx.ExecContext(ctx, `INSERT INTO webhook_attempts (event_id, attempt, at, url, status_code, latency_ms, error)
+			VALUES ($1, $2, $3, $4, $5, $6, NULLIF($7, ''))`, e.ID, n, a.at, s.url, nullCode(a.code), a.latency.Milliseconds(), a.err)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("record delivery of %s: %w", e.ID, err)
+	}
+	if status != StatusDelivered {
+		s.log.Warn("webhook not delivered", "event", e.ID, "type", e.Type, "order", e.OrderID, "attempt", n,
+			"status", status, "code", a.code, "err", a.err)
+	}
+	return nil
+}
+
+func nullCode(code int) any {
+	if code == 0 {
+		return nil
+	}
+	return code
+}
+
+func (s *Sender) post(ctx context.Context, e event) attempt {
+	a := attempt{at: s.now()}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.url, bytes.NewReader([]byte(e.Body)))
+	if err != nil {
+		a.err = err.Error()
+		return a
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("User-Agent", "paywatch-webhooks/1")
+	req.Header.Set(webhook.Header, webhook.Sign(s.secret, time.Now(), []byte(e.Body)))
+	start := time.Now()
+	resp, err := s.client.Do(req)
+	a.latency = time.Since(start)
+	if err != nil {
+		a.refused = errors.Is(err, ErrRefused)
+		a.err = truncate(err.Error())
+		return a
+	}
+	defer resp.Body.Close()
+	a.code = resp.StatusCode
+	if a.code < 200 || a.code >= 300 {
+		text, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorText))
+		a.err = truncate(fmt.Sprintf("HTTP %d: %s", a.code, strings.TrimSpace(string(text))))
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10)) // lets the connection be reused
+	return a
+}
+
+// truncate keeps error texts short and storable (valid UTF-8, no NUL).
+func truncate(s string) string {
+	s = strings.ToValidUTF8(strings.ReplaceAll(s, "\x00", ""), "?")
+	if len(s) <= maxErrorText {
+		return s
+	}
+	s = s[:maxErrorText]
+	for !utf8.ValidString(s) {
+		s = s[:len(s)-1]
+	}
+	return s + "…"
+}
+
+// backoff is the delay after the n-th failed attempt: BackoffBase doubled
+// n-1 times, capped at BackoffCap, drawn uniformly from its upper half.
+func (s *Sender) backoff(n int) time.Duration {
+	d := s.BackoffCap
+	if n < 40 {
+		if e := s.BackoffBase << (n - 1); e > 0 && e < d {
+			d = e
+		}
+	}
+	half := d / 2
+	return half + time.Duration(rand.Int64N(int64(half)+1))
+}
