@@ -671,3 +671,36 @@ func TestAttackUniqueIncrementIsUniformAmongTheFreeOnes(t *testing.T) {
 		}
 	}
 }
+
+// V10. An order created while its network's first scan commit is in flight
+// reads no height, and commits after that commit filled in the heights of
+// the orders it could see: the next commit gives it one, and an exact
+// payment mined after it still pays it (it was left without a height, and
+// so without any payment, for good).
+func TestOrderCreatedDuringTheFirstCommitStillGetsPaid(t *testing.T) {
+	f := newFixture(t)
+	pgtest.Exec(t, f.db, `DELETE FROM chain_cursors WHERE network = 'ethereum'`)
+	scans := scan.NewStore(f.db)
+	scans.Now = f.clock.Now
+	scannerSees(t, scans, 5, 10, 10) // the first commit...
+	o := f.order(usdt, 10_000_000)
+	// ...raced with the order's creation, which read no height.
+	pgtest.Exec(t, f.db, `UPDATE orders SET created_height = NULL WHERE id = $1`, o.ID)
+	h := hash(f, "after")
+	found := scan.Found{Asset: usdt, TxHash: h, TxKey: "log:0", To: shop, From: "0xcustomer",
+		Amount: o.PayAmount, BlockNumber: 11, BlockHash: "0xb11", BlockTime: f.clock.Now()}
+	if _, err := scans.Commit(context.Background(), scan.Commit{Network: "ethereum",
+		Batch: &scan.Batch{Transfers: []scan.Found{found}, Blocks: []scan.Block{{Number: 11, Hash: "0xb11"}}},
+		Prev: &scan.Block{Number: 10, Hash: "0xb10"}, Cursor: &scan.Block{Number: 11, Hash: "0xb11"},
+		Head: scan.Head{Number: 11}, ConfirmedAtOrBelow: 11, Window: 128, First: 11}); err != nil {
+		t.Fatal(err)
+	}
+	f.pass()
+	var height int64
+	_ = f.db.Get(&height, `SELECT created_height FROM orders WHERE id = $1`, o.ID)
+	var paid bool
+	_ = f.db.Get(&paid, `SELECT EXISTS (SELECT 1 FROM transfers WHERE tx_hash = $1 AND order_id = $2)`, h, o.ID)
+	if height != 10 || !paid {
+		t.Fatalf("created_height %d (want 10, the cursor the second commit found); paid %v; order %s", height, paid, statusOf(f, o))
+	}
+}

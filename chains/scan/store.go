@@ -146,12 +146,21 @@ func (s *Store) Commit(ctx context.Context, c Commit) (orphaned int, err error) 
 		}
 		// Orders created before anything of this network was recorded (no
 		// head, no cursor) are bounded by where scanning began; their
-		// earliest_block_time bounds them too. This is the first commit that
-		// gives a height. (Orders are locked before transfers, here as
-		// everywhere.)
-		if cur.Number == nil && c.Batch != nil {
+		// earliest_block_time bounds them too. The first commit gives that
+		// height. An order whose creation raced with that commit (it read
+		// no cursor, and committed after the commit's update looked) is
+		// bounded by the cursor as the next commit finds it: nothing the
+		// commit before read can pay it, which errs on the safe side by at
+		// most the blocks of one batch. The partial index on orders without
+		// a height makes this a probe. (Orders are locked before transfers,
+		// here as everywhere.)
+		if c.Batch != nil {
+			height := int64(c.First) - 1
+			if cur.Number != nil {
+				height = *cur.Number
+			}
 			if _, err := tx.ExecContext(ctx, `UPDATE orders SET created_height = $2 WHERE network = $1 AND created_height IS NULL`,
-				c.Network, int64(c.First)-1); err != nil {
+				c.Network, height); err != nil {
 				return fmt.Errorf("note the height of new orders: %w", err)
 			}
 		}
