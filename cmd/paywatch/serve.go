@@ -107,6 +107,8 @@ type daemon struct {
 	store    *orders.Store
 	// reconciler runs passes while this instance holds its lease.
 	reconciler *reconcile.Runner
+	// changes wakes long-polling readers of orders.
+	changes *orders.Changes
 	// sender delivers webhooks while this instance holds its lease; nil
 	// when no webhook URL is configured.
 	sender *outbox.Sender
@@ -142,6 +144,7 @@ func newDaemon(ctx context.Context, log *slog.Logger, cfg *config.Config) (*daem
 	rec := newReconciler(db, log, cfg)
 	rec.Record = scans.Record
 	runner := reconcile.NewRunner(rec, cfg.ReconcilerSchedule, cfg.DatabaseURL, scan.NotifyChannel, log)
+	changes := orders.NewChanges(cfg.DatabaseURL, log)
 	op := reconcile.NewOperator(db)
 	op.Sealer = sealer
 	ln, err := net.Listen("tcp", cfg.Listen)
@@ -149,16 +152,18 @@ func newDaemon(ctx context.Context, log *slog.Logger, cfg *config.Config) (*daem
 		db.Close()
 		return nil, fmt.Errorf("listen on %s: %w", cfg.Listen, err)
 	}
+	apiServer := api.New(cfg, api.Deps{Orders: store, Chains: scans, Operator: op,
+		Ledger: ledger.NewBook(db), Webhooks: outbox.NewStore(db), Changes: changes, Nudge: runner.Nudge}, log)
 	srv := &http.Server{
-		Handler: api.New(cfg, api.Deps{Orders: store, Chains: scans, Operator: op,
-			Ledger: ledger.NewBook(db), Webhooks: outbox.NewStore(db), Nudge: runner.Nudge}, log).Handler(),
+		Handler:           apiServer.Handler(),
 		ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout:       30 * time.Second,
-		WriteTimeout:      60 * time.Second,
+		WriteTimeout:      api.MaxWait + 30*time.Second, // long-polls hold up to MaxWait
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
-	d := &daemon{log: log, cfg: cfg, db: db, listener: ln, http: srv, store: store, reconciler: runner}
+	srv.RegisterOnShutdown(apiServer.Drain)
+	d := &daemon{log: log, cfg: cfg, db: db, listener: ln, http: srv, store: store, reconciler: runner, changes: changes}
 	if cfg.WebhookURL != "" {
 		d.sender = newSender(db, log, cfg)
 	}
@@ -212,6 +217,11 @@ func (d *daemon) Run(ctx context.Context) error {
 	go func() {
 		defer wg.Done()
 		watchGaps(watchCtx, d.log, d.store, d.cfg.Networks)
+	}()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		_ = d.changes.Run(watchCtx)
 	}()
 	if d.sender != nil {
 		wg.Add(1)

@@ -24,6 +24,11 @@ import (
 // commit (the payload is the network's name) or a customer's tx hash claim.
 const NotifyChannel = "paywatch_chain"
 
+// OrderChannel is the channel on which every change to an order (its row,
+// its transfers, its mempool sightings) is announced, the payload being the
+// order's id: triggers of migration 00007 send them.
+const OrderChannel = "paywatch_order"
+
 // Tx runs fn in a transaction: committed when fn returns nil, rolled back
 // otherwise.
 func Tx(ctx context.Context, db *sqlx.DB, fn func(tx *sqlx.Tx) error) error {

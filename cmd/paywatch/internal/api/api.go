@@ -6,6 +6,7 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/paywatch/paywatch"
@@ -73,6 +74,8 @@ type Deps struct {
 	Operator Operator
 	Ledger   Ledger
 	Webhooks Webhooks
+	// Changes wakes long-polls; without it ?wait= answers at once.
+	Changes Changes
 	// Nudge asks the reconciler for a pass now (after an operator's
 	// action); may be nil.
 	Nudge func()
@@ -86,9 +89,13 @@ type Server struct {
 	ops      Operator
 	ledger   Ledger
 	webhooks Webhooks
-	nudge    func()
-	keys     *keyring
-	log      *slog.Logger
+	changes  Changes
+	// draining is closed when the server shuts down: long-polls answer.
+	draining  chan struct{}
+	drainOnce sync.Once
+	nudge     func()
+	keys      *keyring
+	log       *slog.Logger
 }
 
 // New returns the API configured by cfg.
@@ -97,7 +104,7 @@ func New(cfg *config.Config, d Deps, log *slog.Logger) *Server {
 	if nudge == nil {
 		nudge = func() {}
 	}
-	return &Server{cfg: cfg, store: d.Orders, chains: d.Chains, ops: d.Operator, ledger: d.Ledger, webhooks: d.Webhooks, nudge: nudge,
+	return &Server{cfg: cfg, store: d.Orders, chains: d.Chains, ops: d.Operator, ledger: d.Ledger, webhooks: d.Webhooks, changes: d.Changes, draining: make(chan struct{}), nudge: nudge,
 		keys: newKeyring(cfg.APIKeys), log: log}
 }
 

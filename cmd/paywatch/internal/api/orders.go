@@ -140,15 +140,6 @@ func (s *Server) networkNames() string {
 	return strings.Join(names, ", ")
 }
 
-func (s *Server) getOrder(w http.ResponseWriter, r *http.Request, _ *config.APIKey) error {
-	o, err := s.store.Get(r.Context(), r.PathValue("id"))
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, s.orderView(o))
-	return nil
-}
-
 // query reads list parameters, refusing any it does not know.
 func query(r *http.Request, known ...string) (url.Values, int, error) {
 	q := r.URL.Query()

@@ -1,0 +1,113 @@
+package api
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/paywatch/paywatch"
+	"github.com/paywatch/paywatch/cmd/paywatch/internal/config"
+)
+
+// MaxWait is the longest a long-poll (GET /v1/orders/{id}?wait=) holds.
+const MaxWait = 60 * time.Second
+
+// Changes wakes long-polls when an order may have changed.
+type Changes interface {
+	Subscribe(orderID, network string) (<-chan struct{}, func())
+}
+
+// Drain ends the long-polls in flight (each answers what it has): the
+// server is shutting down.
+func (s *Server) Drain() { s.drainOnce.Do(func() { close(s.draining) }) }
+
+// renderOrder reads an order and returns its JSON and entity tag.
+func (s *Server) renderOrder(r *http.Request, id string) (*paywatch.Order, []byte, string, error) {
+	o, err := s.store.Get(r.Context(), id)
+	if err != nil {
+		return nil, nil, "", err
+	}
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(s.orderView(o)); err != nil {
+		return nil, nil, "", err
+	}
+	sum := sha256.Sum256(buf.Bytes())
+	return o, buf.Bytes(), `"` + hex.EncodeToString(sum[:16]) + `"`, nil
+}
+
+// matches reports whether an If-None-Match header names etag.
+func matches(header, etag string) bool {
+	for _, t := range strings.Split(header, ",") {
+		t = strings.TrimPrefix(strings.TrimSpace(t), "W/")
+		if t == etag || t == "*" {
+			return true
+		}
+	}
+	return false
+}
+
+// getOrder answers an Order with its ETag; 304 when If-None-Match names
+// the current version. With ?wait=D (at most MaxWait) it holds the request
+// until the order differs from the If-None-Match version (or, without one,
+// from its state when the request arrived), then answers at once.
+func (s *Server) getOrder(w http.ResponseWriter, r *http.Request, _ *config.APIKey) error {
+	q, _, err := query(r, "wait")
+	if err != nil {
+		return err
+	}
+	var wait time.Duration
+	if v := q.Get("wait"); v != "" {
+		if wait, err = time.ParseDuration(v); err != nil || wait < 0 || wait > MaxWait {
+			return paywatch.Errorf(paywatch.CodeInvalidRequest, "wait must be a duration from 0s to %s, such as 30s", MaxWait)
+		}
+	}
+	id := r.PathValue("id")
+	o, body, etag, err := s.renderOrder(r, id)
+	if err != nil {
+		return err
+	}
+	inm := r.Header.Get("If-None-Match")
+	if wait > 0 && s.changes != nil && (inm == "" || matches(inm, etag)) {
+		base := etag
+		changed, stop := s.changes.Subscribe(o.ID, o.Network)
+		defer stop()
+		// Read again now that changes are heard: one that landed between
+		// the first read and the subscription is not missed.
+		if _, body, etag, err = s.renderOrder(r, id); err != nil {
+			return err
+		}
+		timer := time.NewTimer(wait)
+		defer timer.Stop()
+	poll:
+		for etag == base {
+			select {
+			case <-r.Context().Done():
+				return nil
+			case <-timer.C:
+				break poll
+			case <-s.draining:
+				break poll
+			case <-changed:
+				if _, body, etag, err = s.renderOrder(r, id); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	w.Header().Set("ETag", etag)
+	w.Header().Set("Cache-Control", "no-cache")
+	if inm != "" && matches(inm, etag) {
+		w.WriteHeader(http.StatusNotModified)
+		return nil
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(body)
+	return nil
+}
