@@ -691,7 +691,7 @@ func TestOrderCreatedDuringTheFirstCommitStillGetsPaid(t *testing.T) {
 		Amount: o.PayAmount, BlockNumber: 11, BlockHash: "0xb11", BlockTime: f.clock.Now()}
 	if _, err := scans.Commit(context.Background(), scan.Commit{Network: "ethereum",
 		Batch: &scan.Batch{Transfers: []scan.Found{found}, Blocks: []scan.Block{{Number: 11, Hash: "0xb11"}}},
-		Prev: &scan.Block{Number: 10, Hash: "0xb10"}, Cursor: &scan.Block{Number: 11, Hash: "0xb11"},
+		Prev:  &scan.Block{Number: 10, Hash: "0xb10"}, Cursor: &scan.Block{Number: 11, Hash: "0xb11"},
 		Head: scan.Head{Number: 11}, ConfirmedAtOrBelow: 11, Window: 128, First: 11}); err != nil {
 		t.Fatal(err)
 	}
