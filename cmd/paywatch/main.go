@@ -78,6 +78,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		err = rescanCommand(ctx, e, args[1:])
 	case "check":
 		err = checkCommand(ctx, e, args[1:])
+	case "dev":
+		err = devCommand(ctx, e, args[1:])
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return exitOK

@@ -1,39 +1,27 @@
-// Package evmtest runs go-ethereum's simulated backend behind a real HTTP
-// JSON-RPC endpoint, with the project's test token deployed, for tests of
-// everything that watches EVM chains. It is imported by tests only.
+// Package evmtest runs the development chain (package devchain: go-ethereum's
+// simulated backend behind a real HTTP JSON-RPC endpoint, with the
+// project's token contract) for tests of everything that watches EVM
+// chains, failing the test on any error. It is imported by tests only.
 package evmtest
 
 import (
 	"context"
 	"crypto/ecdsa"
-	_ "embed"
-	"fmt"
 	"math/big"
-	"net"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/ethereum/go-ethereum/accounts/abi"
 	"github.com/ethereum/go-ethereum/common"
-	"github.com/ethereum/go-ethereum/core/rawdb"
 	"github.com/ethereum/go-ethereum/core/types"
-	"github.com/ethereum/go-ethereum/crypto"
-	"github.com/ethereum/go-ethereum/eth/ethconfig"
 	"github.com/ethereum/go-ethereum/ethclient/simulated"
-	"github.com/ethereum/go-ethereum/node"
+
+	"github.com/paywatch/paywatch/chains/evm/devchain"
 )
-
-//go:embed contracts/Token.abi
-var tokenABIJSON string
-
-//go:embed contracts/Token.bin
-var tokenBin string
 
 // TokenABI is the parsed ABI of the test token.
 var TokenABI = func() abi.ABI {
-	a, err := abi.JSON(strings.NewReader(tokenABIJSON))
+	a, err := devchain.TokenABI()
 	if err != nil {
 		panic(err)
 	}
@@ -41,11 +29,13 @@ var TokenABI = func() abi.ABI {
 }()
 
 // ChainID is the simulated backend's chain id.
-const ChainID = 1337
+const ChainID = devchain.ChainID
 
 // Chain is a simulated EVM chain with an HTTP endpoint and funded accounts.
 type Chain struct {
-	t       testing.TB
+	t     testing.TB
+	chain *devchain.Chain
+	// Backend and Client reach the simulated backend directly.
 	Backend *simulated.Backend
 	Client  simulated.Client
 	// URL is the HTTP JSON-RPC endpoint.
@@ -53,31 +43,18 @@ type Chain struct {
 	// Payer is a funded account that tests pay from; Keys holds more.
 	Payer *ecdsa.PrivateKey
 	Keys  []*ecdsa.PrivateKey
-
-	mu     sync.Mutex
-	nonces map[common.Address]uint64
 }
 
 // Address returns the address of a key.
-func Address(k *ecdsa.PrivateKey) common.Address { return crypto.PubkeyToAddress(k.PublicKey) }
-
-func freePort(t testing.TB) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
+func Address(k *ecdsa.PrivateKey) common.Address { return devchain.Address(k) }
 
 // Option changes how New sets up the chain.
-type Option func(*ethconfig.Config)
+type Option func(*devchain.Config)
 
 // Pruned keeps only recent state, as most full nodes do: calls against
 // blocks older than ~128 fail with "historical state is not available".
 func Pruned() Option {
-	return func(ec *ethconfig.Config) { ec.NoPruning, ec.StateScheme = false, rawdb.PathScheme }
+	return func(c *devchain.Config) { c.Pruned = true }
 }
 
 // New starts a simulated chain with funded accounts and an HTTP endpoint;
@@ -85,33 +62,16 @@ func Pruned() Option {
 // ends.
 func New(t testing.TB, opts ...Option) *Chain {
 	t.Helper()
-	c := &Chain{t: t, nonces: map[common.Address]uint64{}}
-	alloc := types.GenesisAlloc{}
-	for i := 0; i < 4; i++ {
-		k, err := crypto.GenerateKey()
-		if err != nil {
-			t.Fatal(err)
-		}
-		c.Keys = append(c.Keys, k)
-		alloc[Address(k)] = types.Account{Balance: new(big.Int).Mul(big.NewInt(1_000_000), big.NewInt(1e18))}
+	var cfg devchain.Config
+	for _, o := range opts {
+		o(&cfg)
 	}
-	c.Payer = c.Keys[0]
-	port := freePort(t)
-	c.Backend = simulated.NewBackend(alloc, func(nc *node.Config, ec *ethconfig.Config) {
-		nc.HTTPHost = "127.0.0.1"
-		nc.HTTPPort = port
-		nc.HTTPModules = []string{"eth", "net", "web3"}
-		ec.NoPruning = true // keep historical state: balances at old blocks
-		ec.StateScheme = rawdb.HashScheme
-		for _, o := range opts {
-			o(ec)
-		}
-		ec.LogNoHistory = false // index logs as a real node does
-	})
-	t.Cleanup(func() { c.Backend.Close() })
-	c.Client = c.Backend.Client()
-	c.URL = fmt.Sprintf("http://127.0.0.1:%d", port)
-	return c
+	dc, err := devchain.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dc.Close() })
+	return &Chain{t: t, chain: dc, Backend: dc.Backend, Client: dc.Client, URL: dc.URL, Payer: dc.Keys[0], Keys: dc.Keys}
 }
 
 func (c *Chain) ctx() context.Context {
@@ -120,30 +80,27 @@ func (c *Chain) ctx() context.Context {
 	return ctx
 }
 
-// Head returns the current block number.
-func (c *Chain) Head() uint64 {
-	n, err := c.Client.BlockNumber(c.ctx())
+func (c *Chain) must(err error) {
 	if err != nil {
+		c.t.Helper()
 		c.t.Fatal(err)
 	}
+}
+
+// Head returns the current block number.
+func (c *Chain) Head() uint64 {
+	n, err := c.chain.Head(c.ctx())
+	c.must(err)
 	return n
 }
 
 // Mine seals n blocks and returns the hash of the last.
-func (c *Chain) Mine(n int) common.Hash {
-	var h common.Hash
-	for i := 0; i < n; i++ {
-		h = c.Backend.Commit()
-	}
-	return h
-}
+func (c *Chain) Mine(n int) common.Hash { return c.chain.Mine(n) }
 
 // HashAt returns the canonical hash at height n.
 func (c *Chain) HashAt(n uint64) common.Hash {
 	h, err := c.Client.HeaderByNumber(c.ctx(), new(big.Int).SetUint64(n))
-	if err != nil {
-		c.t.Fatal(err)
-	}
+	c.must(err)
 	return h.Hash()
 }
 
@@ -162,9 +119,7 @@ func (c *Chain) Reorg(depth, extra int, keepTxs bool, between func()) {
 	if !keepTxs {
 		c.Backend.Rollback()
 	}
-	c.mu.Lock()
-	c.nonces = map[common.Address]uint64{} // re-read from the new chain
-	c.mu.Unlock()
+	c.chain.ForgetNonces() // re-read from the new chain
 	if between != nil {
 		between()
 	}
@@ -174,36 +129,12 @@ func (c *Chain) Reorg(depth, extra int, keepTxs bool, between func()) {
 	}
 }
 
-func (c *Chain) nonce(from common.Address) uint64 {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	n, ok := c.nonces[from]
-	if !ok {
-		var err error
-		n, err = c.Client.PendingNonceAt(c.ctx(), from)
-		if err != nil {
-			c.t.Fatal(err)
-		}
-	}
-	c.nonces[from] = n + 1
-	return n
-}
-
 // Send signs and submits a transaction; it is mined by the next Mine.
 func (c *Chain) Send(from *ecdsa.PrivateKey, to *common.Address, value *big.Int, data []byte, gas uint64) common.Hash {
 	c.t.Helper()
-	tx := types.NewTx(&types.DynamicFeeTx{
-		ChainID: big.NewInt(ChainID), Nonce: c.nonce(Address(from)), GasTipCap: big.NewInt(1e9),
-		GasFeeCap: big.NewInt(100e9), Gas: gas, To: to, Value: value, Data: data,
-	})
-	signed, err := types.SignTx(tx, types.LatestSignerForChainID(big.NewInt(ChainID)), from)
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	if err := c.Client.SendTransaction(c.ctx(), signed); err != nil {
-		c.t.Fatalf("send: %v", err)
-	}
-	return signed.Hash()
+	h, err := c.chain.Send(c.ctx(), from, to, value, data, gas)
+	c.must(err)
+	return h
 }
 
 // SendETH sends native coin.
@@ -223,6 +154,7 @@ func (c *Chain) Receipt(tx common.Hash) *types.Receipt {
 // Token is a deployed test token.
 type Token struct {
 	c        *Chain
+	tok      *devchain.Token
 	Address  common.Address
 	Decimals uint8
 }
@@ -231,55 +163,34 @@ type Token struct {
 // to every funded key.
 func (c *Chain) DeployToken(name, symbol string, decimals uint8) *Token {
 	c.t.Helper()
-	args, err := TokenABI.Pack("", name, symbol, decimals)
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	code := append(common.FromHex(strings.TrimSpace(tokenBin)), args...)
-	hash := c.Send(c.Payer, nil, nil, code, 3_000_000)
-	c.Mine(1)
-	r := c.Receipt(hash)
-	if r.Status != types.ReceiptStatusSuccessful {
-		c.t.Fatal("token deployment failed")
-	}
-	tok := &Token{c: c, Address: r.ContractAddress, Decimals: decimals}
-	supply := new(big.Int).Exp(big.NewInt(10), big.NewInt(int64(decimals)+12), nil)
-	for _, k := range c.Keys {
-		tok.call(c.Payer, "mint", Address(k), supply)
-	}
-	c.Mine(1)
-	return tok
+	tok, err := c.chain.DeployToken(c.ctx(), name, symbol, decimals)
+	c.must(err)
+	return &Token{c: c, tok: tok, Address: tok.Address, Decimals: decimals}
 }
 
-func (tok *Token) call(from *ecdsa.PrivateKey, method string, args ...any) common.Hash {
+func (tok *Token) call(from *ecdsa.PrivateKey, gas uint64, method string, args ...any) common.Hash {
 	tok.c.t.Helper()
-	data, err := TokenABI.Pack(method, args...)
-	if err != nil {
-		tok.c.t.Fatal(err)
-	}
-	return tok.c.Send(from, &tok.Address, nil, data, 1_000_000)
+	h, err := tok.tok.CallWithGas(tok.c.ctx(), from, gas, method, args...)
+	tok.c.must(err)
+	return h
 }
 
 // Transfer sends value base units from a key to an address.
 func (tok *Token) Transfer(from *ecdsa.PrivateKey, to common.Address, value *big.Int) common.Hash {
-	return tok.call(from, "transfer", to, value)
+	return tok.call(from, 1_000_000, "transfer", to, value)
 }
 
 // BatchTransfer makes several transfers in one transaction.
 func (tok *Token) BatchTransfer(from *ecdsa.PrivateKey, to []common.Address, values []*big.Int) common.Hash {
-	data, err := TokenABI.Pack("batchTransfer", to, values)
-	if err != nil {
-		tok.c.t.Fatal(err)
-	}
-	return tok.c.Send(from, &tok.Address, nil, data, uint64(100_000+60_000*len(to)))
+	return tok.call(from, uint64(100_000+60_000*len(to)), "batchTransfer", to, values)
 }
 
 // FakeTransfer emits a Transfer event without moving any balance.
 func (tok *Token) FakeTransfer(from *ecdsa.PrivateKey, to common.Address, value *big.Int) common.Hash {
-	return tok.call(from, "fakeTransfer", to, value)
+	return tok.call(from, 1_000_000, "fakeTransfer", to, value)
 }
 
 // TransferThenRevert makes a transaction that transfers and then reverts.
 func (tok *Token) TransferThenRevert(from *ecdsa.PrivateKey, to common.Address, value *big.Int) common.Hash {
-	return tok.call(from, "transferThenRevert", to, value)
+	return tok.call(from, 1_000_000, "transferThenRevert", to, value)
 }

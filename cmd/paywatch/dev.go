@@ -1,0 +1,282 @@
+//go:build !nodev
+
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/ethereum/go-ethereum/crypto"
+	"github.com/lib/pq"
+
+	"github.com/paywatch/paywatch/chains/evm/devchain"
+	"github.com/paywatch/paywatch/cmd/paywatch/internal/config"
+)
+
+// devState is what `paywatch dev` tells `paywatch dev pay`: where the API
+// and the development chain answer, the keys, and the faucet.
+type devState struct {
+	API           string              `json:"api"`
+	RPC           string              `json:"rpc"`
+	StorefrontKey string              `json:"storefront_key"`
+	OperatorKey   string              `json:"operator_key"`
+	FaucetKey     string              `json:"faucet_key"` // a development chain key, worthless elsewhere
+	Assets        map[string]devAsset `json:"assets"`
+}
+
+type devAsset struct {
+	Contract string `json:"contract,omitempty"` // empty for ETH
+	Decimals int32  `json:"decimals"`
+}
+
+// devStatePath is where the running `paywatch dev` writes its state.
+func devStatePath(getenv func(string) string) string {
+	if p := getenv("PAYWATCH_DEV_STATE"); p != "" {
+		return p
+	}
+	return filepath.Join(os.TempDir(), "paywatch-dev.json")
+}
+
+// localServer is where `paywatch dev` looks for a PostgreSQL server when
+// PAYWATCH_DATABASE_URL is not set.
+const localServer = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
+
+const devUsage = `Usage:
+  paywatch dev [--listen ADDR] [--block-time D]
+      an embedded development chain (network devnet: ETH and USDT), a local
+      database and the API; prints the API address, the keys and a demo order
+  paywatch dev pay ORDER_ID [--amount X] [--no-follow]
+      pay an order from the development faucet and follow it to its end
+
+Environment: PAYWATCH_DATABASE_URL (else a fresh database on the server at
+127.0.0.1:5432 if one answers, else a throwaway cluster), PAYWATCH_STOREFRONT_KEY
+and PAYWATCH_OPERATOR_KEY (else generated), PAYWATCH_DEV_STATE (where dev
+writes what dev pay reads; default in the temporary directory).
+`
+
+func devCommand(ctx context.Context, e *env, args []string) error {
+	if len(args) > 0 && args[0] == "pay" {
+		return devPayCommand(ctx, e, args[1:])
+	}
+	fs := flag.NewFlagSet("dev", flag.ContinueOnError)
+	fs.SetOutput(e.stderr)
+	fs.Usage = func() { fmt.Fprint(e.stderr, devUsage) }
+	listen := fs.String("listen", "127.0.0.1:8080", "API address")
+	blockTime := fs.Duration("block-time", time.Second, "how often the development chain seals a block")
+	if err := fs.Parse(args); err != nil {
+		return usageError{err}
+	}
+	if fs.NArg() > 0 {
+		return usageError{fmt.Errorf("unexpected arguments: %v", fs.Args())}
+	}
+	if *blockTime < 10*time.Millisecond {
+		return usageError{errors.New("--block-time must be at least 10ms")}
+	}
+
+	dsn, dbNote, cleanup, err := devDatabase(ctx, e)
+	if err != nil {
+		return err
+	}
+	defer cleanup()
+
+	chain, err := devchain.New(devchain.Config{})
+	if err != nil {
+		return err
+	}
+	defer chain.Close()
+	usdt, err := chain.DeployToken(ctx, "Tether USD (development)", "USDT", 6)
+	if err != nil {
+		return fmt.Errorf("development chain: %w", err)
+	}
+	// The shop receives on an address of its own (no coins minted to it),
+	// whose key paywatch never holds, like a real shop's.
+	shopKey, err := crypto.GenerateKey()
+	if err != nil {
+		return err
+	}
+	shop := devchain.Address(shopKey)
+	go func() {
+		tick := time.NewTicker(*blockTime)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+				chain.Mine(1)
+			}
+		}
+	}()
+
+	state := devState{RPC: chain.URL, StorefrontKey: e.getenv("PAYWATCH_STOREFRONT_KEY"),
+		OperatorKey: e.getenv("PAYWATCH_OPERATOR_KEY"),
+		FaucetKey:   hex.EncodeToString(crypto.FromECDSA(chain.Keys[0])),
+		Assets: map[string]devAsset{"ETH": {Decimals: 18},
+			"USDT": {Contract: usdt.Address.Hex(), Decimals: 6}}}
+	if state.StorefrontKey == "" {
+		state.StorefrontKey = "sf_dev_" + randomHex(12)
+	}
+	if state.OperatorKey == "" {
+		state.OperatorKey = "op_dev_" + randomHex(12)
+	}
+	doc := fmt.Sprintf(`listen: %q
+database_url_env: PAYWATCH_DATABASE_URL
+api_keys:
+  - {name: storefront, role: storefront, key_env: PAYWATCH_STOREFRONT_KEY}
+  - {name: operator, role: operator, key_env: PAYWATCH_OPERATOR_KEY}
+reconciler:
+  schedule: "@every 2s"
+networks:
+  - name: devnet
+    family: evm
+    rpc_urls: [%s]
+    chain_id: %d
+    confirmations: 3
+    poll_interval: 250ms
+    start_block: 0
+    assets:
+      - {symbol: ETH, native: true, decimals: 18, unique_step: "0.000001", receive: {addresses: ["%s"]}}
+      - {symbol: USDT, contract: "%s", decimals: 6, unique_step: "0.000001", receive: {addresses: ["%s"]}}
+`, *listen, chain.URL, devchain.ChainID, shop.Hex(), usdt.Address.Hex(), shop.Hex())
+	vars := map[string]string{"PAYWATCH_DATABASE_URL": dsn, "PAYWATCH_STOREFRONT_KEY": state.StorefrontKey,
+		"PAYWATCH_OPERATOR_KEY": state.OperatorKey}
+	cfg, err := config.Parse([]byte(doc), func(k string) string { return vars[k] })
+	if err != nil {
+		return fmt.Errorf("development configuration: %w", err)
+	}
+	d, err := newDaemon(ctx, e.log, cfg)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	state.API = "http://" + d.listener.Addr().String()
+	runErr := make(chan error, 1)
+	go func() { runErr <- d.Run(ctx) }()
+
+	order, err := devCall(ctx, state.API, state.StorefrontKey, "POST", "/v1/orders",
+		fmt.Sprintf(`{"external_id":"demo-%d","network":"devnet","asset":"USDT","amount":"25","metadata":{"plan":"demo"}}`,
+			time.Now().Unix()))
+	if err != nil {
+		return fmt.Errorf("create the demo order: %w", err)
+	}
+	statePath := devStatePath(e.getenv)
+	raw, _ := json.MarshalIndent(state, "", "  ")
+	if err := os.WriteFile(statePath, raw, 0o600); err != nil {
+		return fmt.Errorf("write %s: %w", statePath, err)
+	}
+	defer os.Remove(statePath)
+
+	id, _ := order["id"].(string)
+	fmt.Fprintf(e.stdout, `paywatch dev is running (Ctrl-C stops it and removes what it made).
+
+  API          %s
+  storefront   Authorization: Bearer %s
+  operator     Authorization: Bearer %s
+  chain        %s  (network devnet, chain id %d, a block every %s; USDT token %s)
+  database     %s
+
+A demo order waits for payment:
+  id           %s
+  pay          %s %s to %s
+
+Pay it from the development faucet and watch it settle (in another terminal):
+  go run ./cmd/paywatch dev pay %s
+
+Follow it as a checkout page would (answers as soon as it changes):
+  curl -s '%s/v1/orders/%s?wait=30s' -H 'Authorization: Bearer %s'
+`, state.API, state.StorefrontKey, state.OperatorKey, chain.URL, devchain.ChainID, *blockTime, usdt.Address.Hex(),
+		dbNote, id, order["pay_amount"], order["asset"], order["pay_address"], id, state.API, id, state.StorefrontKey)
+	return <-runErr
+}
+
+// devDatabase picks the database: PAYWATCH_DATABASE_URL; else a fresh
+// database on a server at 127.0.0.1:5432, dropped on exit; else a
+// throwaway cluster, removed on exit.
+func devDatabase(ctx context.Context, e *env) (dsn, note string, cleanup func(), err error) {
+	if dsn := e.getenv("PAYWATCH_DATABASE_URL"); dsn != "" {
+		return dsn, redact(dsn) + " (PAYWATCH_DATABASE_URL)", func() {}, nil
+	}
+	server := e.getenv("PAYWATCH_DEV_LOCAL_SERVER")
+	if server == "" {
+		server = localServer
+	}
+	if serverAnswers(ctx, server) {
+		// A database of its own: the chain is new each time, and a database
+		// that watched another chain would see a reorg deeper than any.
+		u, err := url.Parse(server)
+		if err != nil {
+			return "", "", nil, err
+		}
+		name := "paywatch_dev_" + randomHex(6)
+		u.Path = "/" + name
+		dsn := u.String()
+		return dsn, redact(dsn) + " (dropped on exit)", func() { dropDatabase(server, name) }, nil
+	}
+	pg, err := startLocalPostgres(ctx, e.log)
+	if err != nil {
+		return "", "", nil, fmt.Errorf("no PostgreSQL server answers at 127.0.0.1:5432 and none could be started: %w", err)
+	}
+	return pg.URL, pg.URL + " (a throwaway cluster, removed on exit)", pg.Stop, nil
+}
+
+func dropDatabase(server, name string) {
+	db, err := sql.Open("postgres", server)
+	if err != nil {
+		return
+	}
+	defer db.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, _ = db.ExecContext(ctx, "DROP DATABASE IF EXISTS "+pq.QuoteIdentifier(name)+" WITH (FORCE)")
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// devCall calls the API and decodes a JSON object answer; a non-2xx
+// answer is an error carrying the API's message.
+func devCall(ctx context.Context, api, key, method, path, body string) (map[string]any, error) {
+	ctx, cancel := context.WithTimeout(ctx, 90*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, method, api+path, strings.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	if err != nil {
+		return nil, err
+	}
+	var v map[string]any
+	if err := json.Unmarshal(raw, &v); err != nil {
+		return nil, fmt.Errorf("%s %s: HTTP %d: %s", method, path, resp.StatusCode, strings.TrimSpace(string(raw)))
+	}
+	if resp.StatusCode/100 != 2 {
+		if e, ok := v["error"].(map[string]any); ok {
+			return nil, fmt.Errorf("%s %s: %v: %v", method, path, e["code"], e["message"])
+		}
+		return nil, fmt.Errorf("%s %s: HTTP %d", method, path, resp.StatusCode)
+	}
+	return v, nil
+}
