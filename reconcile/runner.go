@@ -25,6 +25,9 @@ type Runner struct {
 	log      *slog.Logger
 	nudge    chan struct{}
 	lookup   chan struct{}
+	// Observe is told how long each pass took and whether it failed
+	// (metrics); may be nil.
+	Observe func(took time.Duration, err error)
 }
 
 // lookupInterval is how often pending claims are looked up on the nodes
@@ -115,7 +118,15 @@ func (r *Runner) Run(ctx context.Context) error {
 			return ctx.Err()
 		case <-r.nudge:
 		}
-		if _, err := r.rec.Pass(ctx); err != nil && ctx.Err() == nil {
+		start := time.Now()
+		_, err := r.rec.Pass(ctx)
+		if ctx.Err() != nil {
+			continue
+		}
+		if r.Observe != nil {
+			r.Observe(time.Since(start), err)
+		}
+		if err != nil {
 			r.log.Error("reconciler pass failed; retrying at the next tick", "err", err)
 		}
 	}

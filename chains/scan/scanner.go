@@ -34,8 +34,12 @@ type Scanner struct {
 	Window   uint64
 	RetryMin time.Duration
 	RetryMax time.Duration
+	// Observer is told of batches and failures (metrics); may be nil.
+	Observer Observer
 
 	batch     uint64
+	stepStart time.Time
+	progress  catchUp
 	successes int
 	// next is a batch being read ahead while the previous one commits.
 	next *prefetch
@@ -121,6 +125,9 @@ func (s *Scanner) Run(ctx context.Context) error {
 		case err != nil:
 			halted = false
 			failures++
+			if s.Observer != nil {
+				s.Observer.StepFailed(s.Network.Name, ErrorKind(err))
+			}
 			wait = backoff(s.RetryMin, s.RetryMax, failures)
 			s.Log.Warn("scan step failed", "err", err, "retry_in", wait.Round(time.Millisecond))
 			if rerr := s.Store.RecordStatus(ctx, s.Network.Name, nil, err.Error(), false); rerr != nil {
@@ -157,6 +164,7 @@ func backoff(min, max time.Duration, n int) time.Duration {
 // Step scans at most one batch. It reports whether the scanner has reached
 // the head.
 func (s *Scanner) Step(ctx context.Context) (caughtUp bool, err error) {
+	s.stepStart = time.Now()
 	if s.batch == 0 {
 		s.batch = max(s.MaxBatch, 1)
 	}
@@ -304,6 +312,10 @@ func (s *Scanner) commitBatch(ctx context.Context, cur *Block, orphanAbove *uint
 	if n := len(batch.Transfers); n > 0 {
 		s.Log.Info("transfers found", "from", from, "to", last.Number, "count", n)
 	}
+	if s.Observer != nil {
+		s.Observer.Batch(s.Network.Name, int(last.Number-from+1), len(batch.Transfers), time.Since(s.stepStart))
+	}
+	s.logProgress(time.Now(), last.Number, head.Number)
 	return last.Number >= head.Number, nil
 }
 

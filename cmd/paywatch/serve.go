@@ -18,7 +18,9 @@ import (
 	"github.com/paywatch/paywatch/chains/scan"
 	"github.com/paywatch/paywatch/cmd/paywatch/internal/api"
 	"github.com/paywatch/paywatch/cmd/paywatch/internal/config"
+	"github.com/paywatch/paywatch/cmd/paywatch/internal/metrics"
 	"github.com/paywatch/paywatch/ledger"
+	"github.com/paywatch/paywatch/migrations"
 	"github.com/paywatch/paywatch/reconcile"
 	"github.com/paywatch/paywatch/reconcile/orders"
 	"github.com/paywatch/paywatch/reconcile/outbox"
@@ -145,6 +147,8 @@ func newDaemon(ctx context.Context, log *slog.Logger, cfg *config.Config) (*daem
 	rec.Record = scans.Record
 	runner := reconcile.NewRunner(rec, cfg.ReconcilerSchedule, cfg.DatabaseURL, scan.NotifyChannel, log)
 	changes := orders.NewChanges(cfg.DatabaseURL, log)
+	m := metrics.New(db, log)
+	runner.Observe = m.Pass
 	op := reconcile.NewOperator(db)
 	op.Sealer = sealer
 	ln, err := net.Listen("tcp", cfg.Listen)
@@ -153,7 +157,8 @@ func newDaemon(ctx context.Context, log *slog.Logger, cfg *config.Config) (*daem
 		return nil, fmt.Errorf("listen on %s: %w", cfg.Listen, err)
 	}
 	apiServer := api.New(cfg, api.Deps{Orders: store, Chains: scans, Operator: op,
-		Ledger: ledger.NewBook(db), Webhooks: outbox.NewStore(db), Changes: changes, Nudge: runner.Nudge}, log)
+		Ledger: ledger.NewBook(db), Webhooks: outbox.NewStore(db), Changes: changes, Nudge: runner.Nudge,
+		Metrics: m.Handler(), Schema: func(ctx context.Context) (int64, int64, error) { return migrations.Version(ctx, db.DB) }}, log)
 	srv := &http.Server{
 		Handler:           apiServer.Handler(),
 		ReadHeaderTimeout: 10 * time.Second,
@@ -166,6 +171,7 @@ func newDaemon(ctx context.Context, log *slog.Logger, cfg *config.Config) (*daem
 	d := &daemon{log: log, cfg: cfg, db: db, listener: ln, http: srv, store: store, reconciler: runner, changes: changes}
 	if cfg.WebhookURL != "" {
 		d.sender = newSender(db, log, cfg)
+		d.sender.Metrics = m.Webhook
 	}
 	for _, n := range cfg.Networks {
 		src, closeSrc, err := newSource(n, wallets, store, log)
@@ -174,6 +180,7 @@ func newDaemon(ctx context.Context, log *slog.Logger, cfg *config.Config) (*daem
 			return nil, fmt.Errorf("network %s: %w", n.Name, err)
 		}
 		w := watcher{network: n, scanner: scan.NewScanner(n, src, scans, log), close: closeSrc}
+		w.scanner.Observer = m
 		if b, ok := src.(*bitcoin.Source); ok {
 			w.mempool = bitcoin.NewMempool(b, db, log)
 			w.mempool.Interval = min(w.mempool.Interval, max(n.PollInterval, 100*time.Millisecond))

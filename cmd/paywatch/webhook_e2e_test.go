@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -209,10 +210,13 @@ func TestWebhooksAndLiveStatus(t *testing.T) {
 	}
 
 	// Operators: deliveries, then a redelivery of the same event.
-	code, list := d.call("GET", "/v1/webhooks/deliveries?order_id="+id, e2eOperatorKey, "")
-	if code != 200 || len(list["data"].([]any)) != 2 {
-		t.Fatalf("deliveries: %d %v", code, list)
-	}
+	// (The sender records a delivery once the receiver has answered.)
+	var list map[string]any
+	waitUntil(t, 10*time.Second, "both deliveries recorded", func() bool {
+		code, l := d.call("GET", "/v1/webhooks/deliveries?order_id="+id+"&status=delivered", e2eOperatorKey, "")
+		list = l
+		return code == 200 && len(l["data"].([]any)) == 2
+	})
 	settled := list["data"].([]any)[0].(map[string]any)
 	if settled["status"] != "delivered" || settled["type"] != "order.settled" || settled["attempts"].(float64) != 1 ||
 		settled["last_status_code"].(float64) != 200 || settled["delivered_at"] == nil {
@@ -226,6 +230,21 @@ func TestWebhooksAndLiveStatus(t *testing.T) {
 	}
 	if code, _ := d.call("POST", "/v1/webhooks/events/evt_nope/redeliver", e2eOperatorKey, ""); code != 404 {
 		t.Fatalf("redeliver an unknown event: %d", code)
+	}
+	// The metrics tell the same story.
+	res, err := http.Get(d.url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	text, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	for _, want := range []string{`paywatch_orders{status="settled"} 1`, `paywatch_webhook_attempts_total{outcome="delivered"} 2`,
+		`paywatch_network_lag_blocks{network="devnet"}`, `paywatch_webhook_backlog{status="pending"} 0`,
+		`paywatch_scan_blocks_total{network="devnet"}`, `paywatch_transfers_seen_total{network="devnet"} 1`,
+		`paywatch_reconcile_pass_seconds_count`, `paywatch_database_up 1`} {
+		if !strings.Contains(string(text), want) {
+			t.Fatalf("/metrics lacks %s:\n%s", want, text)
+		}
 	}
 	evt := settled["event_id"].(string)
 	if code, body := d.call("POST", "/v1/webhooks/events/"+evt+"/redeliver", e2eOperatorKey, ""); code != 200 {

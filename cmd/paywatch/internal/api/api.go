@@ -76,6 +76,11 @@ type Deps struct {
 	Webhooks Webhooks
 	// Changes wakes long-polls; without it ?wait= answers at once.
 	Changes Changes
+	// Metrics serves GET /metrics; may be nil.
+	Metrics http.Handler
+	// Schema tells the database's schema version and the newest this
+	// binary knows (for /readyz); may be nil.
+	Schema func(ctx context.Context) (current, latest int64, err error)
 	// Nudge asks the reconciler for a pass now (after an operator's
 	// action); may be nil.
 	Nudge func()
@@ -90,6 +95,8 @@ type Server struct {
 	ledger   Ledger
 	webhooks Webhooks
 	changes  Changes
+	metrics  http.Handler
+	schema   func(ctx context.Context) (current, latest int64, err error)
 	// draining is closed when the server shuts down: long-polls answer.
 	draining  chan struct{}
 	drainOnce sync.Once
@@ -104,7 +111,7 @@ func New(cfg *config.Config, d Deps, log *slog.Logger) *Server {
 	if nudge == nil {
 		nudge = func() {}
 	}
-	return &Server{cfg: cfg, store: d.Orders, chains: d.Chains, ops: d.Operator, ledger: d.Ledger, webhooks: d.Webhooks, changes: d.Changes, draining: make(chan struct{}), nudge: nudge,
+	return &Server{cfg: cfg, store: d.Orders, chains: d.Chains, ops: d.Operator, ledger: d.Ledger, webhooks: d.Webhooks, changes: d.Changes, metrics: d.Metrics, schema: d.Schema, draining: make(chan struct{}), nudge: nudge,
 		keys: newKeyring(cfg.APIKeys), log: log}
 }
 
@@ -133,9 +140,12 @@ func (s *Server) Handler() http.Handler {
 	// Probes.
 	mux.HandleFunc("GET /healthz", s.healthz)
 	mux.HandleFunc("GET /readyz", s.readyz)
+	if s.metrics != nil {
+		mux.Handle("GET /metrics", s.metrics)
+	}
 	// Everything else answers in the API's error format.
 	for _, p := range []string{"/v1/orders", "/v1/orders/{id}", "/v1/orders/{id}/paid", "/v1/orders/{id}/cancel",
-		"/v1/orders/{id}/events", "/v1/transfers", "/v1/transfers/{id}", "/v1/networks", "/healthz", "/readyz",
+		"/v1/orders/{id}/events", "/v1/transfers", "/v1/transfers/{id}", "/v1/networks", "/healthz", "/readyz", "/metrics",
 		"/v1/transfers/{id}/attach", "/v1/orders/{id}/resolve", "/v1/ledger/balances",
 		"/v1/webhooks/deliveries", "/v1/webhooks/events/{id}/redeliver"} {
 		mux.HandleFunc(p, func(w http.ResponseWriter, r *http.Request) {
@@ -181,6 +191,19 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "database unavailable"})
 		return
 	}
+	if s.schema != nil {
+		current, latest, err := s.schema(ctx)
+		if err != nil {
+			s.log.Warn("readiness check failed", "err", err)
+			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "schema version unknown"})
+			return
+		}
+		if current < latest {
+			writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "migrations pending",
+				"schema_version": current, "latest_version": latest})
+			return
+		}
+	}
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
 }
 
@@ -203,7 +226,7 @@ func (s *Server) logRequests(next http.Handler) http.Handler {
 				s.log.Error("handler panicked", "method", r.Method, "path", r.URL.Path, "panic", p)
 				writeError(rec, paywatch.Errorf(paywatch.CodeInternal, "internal error"), 0)
 			}
-			if r.URL.Path == "/healthz" || r.URL.Path == "/readyz" {
+			if r.URL.Path == "/healthz" || r.URL.Path == "/readyz" || r.URL.Path == "/metrics" {
 				return
 			}
 			s.log.Info("request", "method", r.Method, "path", r.URL.Path, "status", rec.status,

@@ -2,6 +2,7 @@ package api_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"io"
 	"log/slog"
@@ -17,9 +18,11 @@ import (
 	"github.com/paywatch/paywatch/cmd/paywatch/internal/api"
 	"github.com/paywatch/paywatch/cmd/paywatch/internal/config"
 	"github.com/paywatch/paywatch/ledger"
+	"github.com/paywatch/paywatch/migrations"
 	"github.com/paywatch/paywatch/migrations/pgtest"
 	"github.com/paywatch/paywatch/reconcile"
 	"github.com/paywatch/paywatch/reconcile/orders"
+	"github.com/paywatch/paywatch/reconcile/outbox"
 )
 
 const (
@@ -87,7 +90,8 @@ func newFixture(t testing.TB) *fixture {
 	store.Rand = func(int) int { return 0 } // the smallest free unique amount, for the assertions
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	srv := httptest.NewServer(api.New(cfg, api.Deps{Orders: store, Chains: scan.NewStore(db),
-		Operator: reconcile.NewOperator(db), Ledger: ledger.NewBook(db)}, log).Handler())
+		Operator: reconcile.NewOperator(db), Ledger: ledger.NewBook(db), Webhooks: outbox.NewStore(db),
+		Schema: func(ctx context.Context) (int64, int64, error) { return migrations.Version(ctx, db.DB) }}, log).Handler())
 	t.Cleanup(srv.Close)
 	return &fixture{t: t, db: db, srv: srv}
 }
@@ -397,5 +401,19 @@ func TestAttachResolveAndBalances(t *testing.T) {
 	res.decode(t, &bal)
 	if res.status != 200 || len(bal.Data) != 1 || bal.Data[0].Account != "settled:ethereum:USDT" || bal.Data[0].Balance != "9.99" {
 		t.Fatalf("balances: %s", res.body)
+	}
+}
+
+// /readyz answers 503 while the database lacks a migration this binary
+// knows (a rollout in progress), 200 once every one is applied.
+func TestReadyzWantsEveryMigration(t *testing.T) {
+	f := newFixture(t)
+	if res := f.do("GET", "/readyz", "", ""); res.status != 200 {
+		t.Fatalf("readyz: %d %s", res.status, res.body)
+	}
+	pgtest.Exec(t, f.db, `DELETE FROM goose_db_version WHERE version_id = (SELECT max(version_id) FROM goose_db_version)`)
+	res := f.do("GET", "/readyz", "", "")
+	if res.status != 503 || !strings.Contains(string(res.body), "migrations pending") {
+		t.Fatalf("readyz with a migration missing: %d %s", res.status, res.body)
 	}
 }
