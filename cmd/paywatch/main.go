@@ -9,6 +9,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -54,6 +55,13 @@ Usage:
   paywatch rescan --config FILE --network NAME --from BLOCK
                                    rewind a network's scanner (after a halt)
   paywatch check   --config FILE   verify the invariants over the database
+  paywatch dev [--listen ADDR]     a development chain, a local database and the API,
+                                   with keys and a demo order to pay (see dev --help)
+  paywatch dev pay ORDER_ID [--amount X]
+                                   pay an order from the development faucet
+  paywatch orders | transfers | resolve | webhooks | networks
+                                   operator commands against a running daemon's API
+                                   (--api URL, key in PAYWATCH_API_KEY; see orders --help)
   paywatch help                    show this help
 
 See README.md for the configuration and the HTTP API.
@@ -80,6 +88,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		err = checkCommand(ctx, e, args[1:])
 	case "dev":
 		err = devCommand(ctx, e, args[1:])
+	case "orders":
+		err = ordersCommand(ctx, e, args[1:])
+	case "transfers":
+		err = transfersCommand(ctx, e, args[1:])
+	case "resolve":
+		err = resolveCommand(ctx, e, args[1:])
+	case "webhooks":
+		err = webhooksCommand(ctx, e, args[1:])
+	case "networks":
+		err = networksCommand(ctx, e, args[1:])
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return exitOK
@@ -87,7 +105,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		fmt.Fprintf(stderr, "paywatch: unknown command %q\n\n%s", args[0], usage)
 		return exitUsage
 	}
-	if err == nil {
+	if err == nil || errors.Is(err, flag.ErrHelp) {
 		return exitOK
 	}
 	fmt.Fprintf(stderr, "paywatch %s: %v\n", args[0], err)
