@@ -12,9 +12,11 @@ import (
 	"time"
 
 	"github.com/ethereum/go-ethereum/common"
+	"github.com/getkin/kin-openapi/openapi3"
 
 	"github.com/paywatch/paywatch"
 	"github.com/paywatch/paywatch/chains/evm/evmtest"
+	"github.com/paywatch/paywatch/cmd/paywatch/internal/api"
 	"github.com/paywatch/paywatch/migrations/pgtest"
 	"github.com/paywatch/paywatch/reconcile/webhook"
 )
@@ -28,6 +30,7 @@ type hook struct {
 }
 
 type hookDelivery struct {
+	raw   []byte
 	at    time.Time
 	event webhook.Event
 	order map[string]any
@@ -49,7 +52,7 @@ func newHook(t *testing.T, secret string) *hook {
 			t.Errorf("undecodable webhook %s", body)
 		}
 		h.mu.Lock()
-		h.got = append(h.got, hookDelivery{at: at, event: e, order: o})
+		h.got = append(h.got, hookDelivery{raw: body, at: at, event: e, order: o})
 		h.mu.Unlock()
 		w.WriteHeader(http.StatusOK)
 	}))
@@ -207,6 +210,25 @@ func TestWebhooksAndLiveStatus(t *testing.T) {
 			t.Fatalf("%s webhook left %s after its event", typ, lag)
 		}
 		t.Logf("%s webhook delivered %s after its event", typ, got.at.Sub(got.event.CreatedAt).Round(time.Millisecond))
+	}
+
+	// Each body is what the OpenAPI document says a WebhookEvent is.
+	raw, err := api.OpenAPI()
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc, err := openapi3.NewLoader().LoadFromData(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, got := range receiver.deliveries() {
+		var v any
+		if err := json.Unmarshal(got.raw, &v); err != nil {
+			t.Fatal(err)
+		}
+		if err := doc.Components.Schemas["WebhookEvent"].Value.VisitJSON(v); err != nil {
+			t.Fatalf("webhook body does not fit the document: %v\n%s", err, got.raw)
+		}
 	}
 
 	// Operators: deliveries, then a redelivery of the same event.

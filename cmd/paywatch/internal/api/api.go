@@ -140,12 +140,13 @@ func (s *Server) Handler() http.Handler {
 	// Probes.
 	mux.HandleFunc("GET /healthz", s.healthz)
 	mux.HandleFunc("GET /readyz", s.readyz)
+	mux.HandleFunc("GET /openapi.json", s.openAPI)
 	if s.metrics != nil {
 		mux.Handle("GET /metrics", s.metrics)
 	}
 	// Everything else answers in the API's error format.
 	for _, p := range []string{"/v1/orders", "/v1/orders/{id}", "/v1/orders/{id}/paid", "/v1/orders/{id}/cancel",
-		"/v1/orders/{id}/events", "/v1/transfers", "/v1/transfers/{id}", "/v1/networks", "/healthz", "/readyz", "/metrics",
+		"/v1/orders/{id}/events", "/v1/transfers", "/v1/transfers/{id}", "/v1/networks", "/healthz", "/readyz", "/metrics", "/openapi.json",
 		"/v1/transfers/{id}/attach", "/v1/orders/{id}/resolve", "/v1/ledger/balances",
 		"/v1/webhooks/deliveries", "/v1/webhooks/events/{id}/redeliver"} {
 		mux.HandleFunc(p, func(w http.ResponseWriter, r *http.Request) {

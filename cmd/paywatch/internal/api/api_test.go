@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/jmoiron/sqlx"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/paywatch/paywatch/chains/bitcoin"
 	"github.com/paywatch/paywatch/chains/scan"
@@ -89,9 +90,10 @@ func newFixture(t testing.TB) *fixture {
 	store := orders.NewStore(db, cfg.Orders.MonitoringWindow, wallets)
 	store.Rand = func(int) int { return 0 } // the smallest free unique amount, for the assertions
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	srv := httptest.NewServer(api.New(cfg, api.Deps{Orders: store, Chains: scan.NewStore(db),
+	srv := httptest.NewServer(validated(t, api.New(cfg, api.Deps{Orders: store, Chains: scan.NewStore(db),
 		Operator: reconcile.NewOperator(db), Ledger: ledger.NewBook(db), Webhooks: outbox.NewStore(db),
-		Schema: func(ctx context.Context) (int64, int64, error) { return migrations.Version(ctx, db.DB) }}, log).Handler())
+		Metrics: promhttp.Handler(),
+		Schema:  func(ctx context.Context) (int64, int64, error) { return migrations.Version(ctx, db.DB) }}, log).Handler()))
 	t.Cleanup(srv.Close)
 	return &fixture{t: t, db: db, srv: srv}
 }
@@ -415,5 +417,61 @@ func TestReadyzWantsEveryMigration(t *testing.T) {
 	res := f.do("GET", "/readyz", "", "")
 	if res.status != 503 || !strings.Contains(string(res.body), "migrations pending") {
 		t.Fatalf("readyz with a migration missing: %d %s", res.status, res.body)
+	}
+}
+
+// Deliveries and redelivery (operators only), ETag and 304, and /metrics
+// without a key.
+func TestWebhookEndpointsETagAndMetrics(t *testing.T) {
+	f := newFixture(t)
+	var o orderJSON
+	f.do("POST", "/v1/orders", storefrontKey, createBody).decode(t, &o)
+	f.do("POST", "/v1/orders/"+o.ID+"/paid", storefrontKey, "")
+	var list struct {
+		Data []struct {
+			EventID string `json:"event_id"`
+			Type    string `json:"type"`
+			Status  string `json:"status"`
+		} `json:"data"`
+	}
+	res := f.do("GET", "/v1/webhooks/deliveries?order_id="+o.ID, operatorKey, "")
+	res.decode(t, &list)
+	if res.status != 200 || len(list.Data) != 1 || list.Data[0].Type != "order.customer_marked_paid" || list.Data[0].Status != "pending" {
+		t.Fatalf("deliveries: %d %s", res.status, res.body)
+	}
+	if res := f.do("GET", "/v1/webhooks/deliveries", storefrontKey, ""); res.status != 403 {
+		t.Fatalf("a storefront key lists deliveries: %d", res.status)
+	}
+	if res := f.do("GET", "/v1/webhooks/deliveries?status=gone", operatorKey, ""); res.status != 400 {
+		t.Fatalf("unknown status: %d", res.status)
+	}
+	if res := f.do("POST", "/v1/webhooks/events/"+list.Data[0].EventID+"/redeliver", operatorKey, ""); res.status != 200 {
+		t.Fatalf("redeliver: %d %s", res.status, res.body)
+	}
+	if res := f.do("POST", "/v1/webhooks/events/evt_none/redeliver", operatorKey, ""); res.status != 404 {
+		t.Fatalf("redeliver an unknown event: %d", res.status)
+	}
+	if res := f.do("POST", "/v1/webhooks/events/x/redeliver", operatorKey, `{"extra":1}`); res.status != 400 {
+		t.Fatalf("redeliver with a body: %d", res.status)
+	}
+
+	res = f.do("GET", "/v1/orders/"+o.ID, storefrontKey, "")
+	etag := res.header.Get("ETag")
+	if res.status != 200 || etag == "" {
+		t.Fatalf("GET: %d, ETag %q", res.status, etag)
+	}
+	if res := f.do("GET", "/v1/orders/"+o.ID, storefrontKey, "", "If-None-Match", etag); res.status != 304 || len(res.body) != 0 {
+		t.Fatalf("If-None-Match: %d %s", res.status, res.body)
+	}
+	if res := f.do("GET", "/v1/orders/"+o.ID, storefrontKey, "", "If-None-Match", `"stale"`); res.status != 200 {
+		t.Fatalf("a stale ETag: %d", res.status)
+	}
+	for _, bad := range []string{"61s", "-1s", "soon", "30"} {
+		if res := f.do("GET", "/v1/orders/"+o.ID+"?wait="+bad, storefrontKey, ""); res.status != 400 {
+			t.Fatalf("wait=%s: %d", bad, res.status)
+		}
+	}
+	if res := f.do("GET", "/metrics", "", ""); res.status != 200 || !strings.Contains(string(res.body), "go_goroutines") {
+		t.Fatalf("metrics: %d", res.status)
 	}
 }
