@@ -478,3 +478,51 @@ func TestDeliveriesList(t *testing.T) {
 		t.Fatalf("by event: %+v %v", one, err)
 	}
 }
+
+// A receiver down for an hour gets every event once it is back, in order
+// per order, within the backoff cap of its recovery.
+func TestReceiverDownForAnHour(t *testing.T) {
+	db := pgtest.New(t)
+	openOrders(t, newOrders(t, db), 3)
+	var mu sync.Mutex
+	down := true
+	rcv := newReceiver(t, func(int) int {
+		mu.Lock()
+		defer mu.Unlock()
+		if down {
+			return http.StatusBadGateway
+		}
+		return 0
+	})
+	snd := outbox.NewSender(db, rcv.srv.URL, secret, outbox.Client(true, 5*time.Second), logger(t))
+	clock := reconciletest.NewClock(time.Now())
+	snd.Now = clock.Now
+	ctx := context.Background()
+	round := func() {
+		if _, err := snd.Round(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 60 { // an hour, a round a minute
+		round()
+		clock.Advance(time.Minute)
+	}
+	if c := statusCounts(t, db); c["pending"] != 6 {
+		t.Fatalf("after an hour down: %v", c)
+	}
+	mu.Lock()
+	down = false
+	mu.Unlock()
+	recovered := clock.Now()
+	for statusCounts(t, db)["delivered"] < 6 {
+		if clock.Now().Sub(recovered) > 3*outbox.DefaultBackoffCap {
+			t.Fatalf("not delivered %s after the receiver recovered: %v", clock.Now().Sub(recovered), statusCounts(t, db))
+		}
+		round()
+		clock.Advance(time.Minute)
+	}
+	if got := len(rcv.snapshot()); got != 6 {
+		t.Fatalf("%d accepted, want 6", got)
+	}
+	t.Logf("all delivered %s after the receiver recovered", clock.Now().Sub(recovered))
+}
