@@ -704,3 +704,44 @@ func TestOrderCreatedDuringTheFirstCommitStillGetsPaid(t *testing.T) {
 		t.Fatalf("created_height %d (want 10, the cursor the second commit found); paid %v; order %s", height, paid, statusOf(f, o))
 	}
 }
+
+// V11. An order that raced a commit gets what it would have read a moment
+// later (the greater of head and cursor, as order creation reads), not the
+// cursor alone. During a
+// catch-up the cursor is far below the recorded head, so a payment mined
+// before the order existed (within earliest_block_time's slack, 5 min on
+// EVM, 2 h on Bitcoin) and recorded after it pays it, while an order
+// created a moment later is (correctly) bounded by the head.
+func TestAttackRacedOrderPaidByABlockBeforeIt(t *testing.T) {
+	f := newFixture(t)
+	pgtest.Exec(t, f.db, `DELETE FROM chain_cursors WHERE network = 'ethereum'`)
+	scans := scan.NewStore(f.db)
+	scans.Now = f.clock.Now
+	// First commit of a catch-up: blocks 5..10 scanned, node head at 100.
+	scannerSees(t, scans, 5, 10, 100)
+	raced := f.order(usdt, 10_000_000)
+	pgtest.Exec(t, f.db, `UPDATE orders SET created_height = NULL WHERE id = $1`, raced.ID) // raced with the commit
+	control := f.order(usdt, 20_000_000)                                                    // created a moment later
+	f.clock.Advance(time.Second)
+	// A payment of exactly the raced order's amount, mined in block 50, one
+	// minute BEFORE either order was created; the scanner reaches it now.
+	h := hash(f, "before")
+	found := scan.Found{Asset: usdt, TxHash: h, TxKey: "log:0", To: shop, From: "0xsomeone",
+		Amount: raced.PayAmount, BlockNumber: 50, BlockHash: "0xb50", BlockTime: raced.CreatedAt.Add(-time.Minute)}
+	if _, err := scans.Commit(context.Background(), scan.Commit{Network: "ethereum",
+		Batch: &scan.Batch{Transfers: []scan.Found{found}, Blocks: []scan.Block{{Number: 50, Hash: "0xb50"}}},
+		Prev:  &scan.Block{Number: 10, Hash: "0xb10"}, Cursor: &scan.Block{Number: 60, Hash: "0xb60"},
+		Head: scan.Head{Number: 100}, ConfirmedAtOrBelow: 57, Window: 128, First: 11}); err != nil {
+		t.Fatal(err)
+	}
+	f.pass()
+	var rh, ch int64
+	_ = f.db.Get(&rh, `SELECT created_height FROM orders WHERE id = $1`, raced.ID)
+	_ = f.db.Get(&ch, `SELECT created_height FROM orders WHERE id = $1`, control.ID)
+	var paid bool
+	_ = f.db.Get(&paid, `SELECT EXISTS (SELECT 1 FROM transfers WHERE tx_hash = $1 AND order_id = $2)`, h, raced.ID)
+	if paid {
+		t.Fatalf("a payment mined in block 50, before the order existed, paid it: raced order created_height %d, "+
+			"control order (created right after) %d; order %s", rh, ch, statusOf(f, raced))
+	}
+}

@@ -45,6 +45,7 @@ const NotifyChannel = pg.NotifyChannel
 type cursorRow struct {
 	Number *int64  `db:"block_number"`
 	Hash   *string `db:"block_hash"`
+	Head   *int64  `db:"head"`
 	Halted bool    `db:"halted"`
 	First  *int64  `db:"first_block"`
 }
@@ -130,7 +131,7 @@ func (s *Store) Commit(ctx context.Context, c Commit) (orphaned int, err error) 
 	now := s.Now().UTC().Truncate(time.Microsecond)
 	err = pg.Tx(ctx, s.db, func(tx *sqlx.Tx) error {
 		var cur cursorRow
-		err := tx.GetContext(ctx, &cur, `SELECT block_number, block_hash, halted, first_block FROM chain_cursors
+		err := tx.GetContext(ctx, &cur, `SELECT block_number, block_hash, head, halted, first_block FROM chain_cursors
 			WHERE network = $1 FOR UPDATE`, c.Network)
 		switch {
 		case errors.Is(err, sql.ErrNoRows):
@@ -147,17 +148,20 @@ func (s *Store) Commit(ctx context.Context, c Commit) (orphaned int, err error) 
 		// Orders created before anything of this network was recorded (no
 		// head, no cursor) are bounded by where scanning began; their
 		// earliest_block_time bounds them too. The first commit gives that
-		// height. An order whose creation raced with that commit (it read
-		// no cursor, and committed after the commit's update looked) is
-		// bounded by the cursor as the next commit finds it: nothing the
-		// commit before read can pay it, which errs on the safe side by at
-		// most the blocks of one batch. The partial index on orders without
+		// height. An order whose creation raced with a commit (it read no
+		// cursor, and committed after that commit's update looked) gets
+		// what it would have read a moment later: the greater of the head
+		// and the cursor as this commit finds them, so that no block mined
+		// before it existed can pay it. The partial index on orders without
 		// a height makes this a probe. (Orders are locked before transfers,
 		// here as everywhere.)
 		if c.Batch != nil {
 			height := int64(c.First) - 1
 			if cur.Number != nil {
 				height = *cur.Number
+			}
+			if cur.Head != nil && *cur.Head > height && cur.Number != nil {
+				height = *cur.Head
 			}
 			if _, err := tx.ExecContext(ctx, `UPDATE orders SET created_height = $2 WHERE network = $1 AND created_height IS NULL`,
 				c.Network, height); err != nil {

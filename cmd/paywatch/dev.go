@@ -42,12 +42,42 @@ type devAsset struct {
 	Decimals int32  `json:"decimals"`
 }
 
-// devStatePath is where the running `paywatch dev` writes its state.
+// devStatePath is where the running `paywatch dev` writes its state: in
+// the user's cache directory (not a shared temporary one).
 func devStatePath(getenv func(string) string) string {
 	if p := getenv("PAYWATCH_DEV_STATE"); p != "" {
 		return p
 	}
-	return filepath.Join(os.TempDir(), "paywatch-dev.json")
+	dir, err := os.UserCacheDir()
+	if err != nil {
+		dir = os.TempDir()
+	}
+	return filepath.Join(dir, "paywatch", "dev.json")
+}
+
+// writeDevState writes the state file, readable by this user only, through
+// a new file renamed into place (never into a file someone else made).
+func writeDevState(path string, st devState) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return err
+	}
+	raw, err := json.MarshalIndent(st, "", "  ")
+	if err != nil {
+		return err
+	}
+	f, err := os.CreateTemp(filepath.Dir(path), ".dev-*.json")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(f.Name())
+	if _, err := f.Write(raw); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(f.Name(), path)
 }
 
 // localServer is where `paywatch dev` looks for a PostgreSQL server when
@@ -173,11 +203,18 @@ networks:
 		return fmt.Errorf("create the demo order: %w", err)
 	}
 	statePath := devStatePath(e.getenv)
-	raw, _ := json.MarshalIndent(state, "", "  ")
-	if err := os.WriteFile(statePath, raw, 0o600); err != nil {
+	if err := writeDevState(statePath, state); err != nil {
 		return fmt.Errorf("write %s: %w", statePath, err)
 	}
 	defer os.Remove(statePath)
+	// Keys that came from the environment are not printed.
+	shownSF, shownOP := state.StorefrontKey, state.OperatorKey
+	if e.getenv("PAYWATCH_STOREFRONT_KEY") != "" {
+		shownSF = "(the key in PAYWATCH_STOREFRONT_KEY)"
+	}
+	if e.getenv("PAYWATCH_OPERATOR_KEY") != "" {
+		shownOP = "(the key in PAYWATCH_OPERATOR_KEY)"
+	}
 
 	id, _ := order["id"].(string)
 	fmt.Fprintf(e.stdout, `paywatch dev is running (Ctrl-C stops it and removes what it made).
@@ -197,8 +234,8 @@ Pay it from the development faucet and watch it settle (in another terminal):
 
 Follow it as a checkout page would (answers as soon as it changes):
   curl -s '%s/v1/orders/%s?wait=30s' -H 'Authorization: Bearer %s'
-`, state.API, state.StorefrontKey, state.OperatorKey, chain.URL, devchain.ChainID, *blockTime, usdt.Address.Hex(),
-		dbNote, id, order["pay_amount"], order["asset"], order["pay_address"], id, state.API, id, state.StorefrontKey)
+`, state.API, shownSF, shownOP, chain.URL, devchain.ChainID, *blockTime, usdt.Address.Hex(),
+		dbNote, id, order["pay_amount"], order["asset"], order["pay_address"], id, state.API, id, shownSF)
 	return <-runErr
 }
 
@@ -207,6 +244,9 @@ Follow it as a checkout page would (answers as soon as it changes):
 // throwaway cluster, removed on exit.
 func devDatabase(ctx context.Context, e *env) (dsn, note string, cleanup func(), err error) {
 	if dsn := e.getenv("PAYWATCH_DATABASE_URL"); dsn != "" {
+		if err := refuseServingDatabase(ctx, dsn); err != nil {
+			return "", "", nil, err
+		}
 		return dsn, redact(dsn) + " (PAYWATCH_DATABASE_URL)", func() {}, nil
 	}
 	server := e.getenv("PAYWATCH_DEV_LOCAL_SERVER")
@@ -230,6 +270,36 @@ func devDatabase(ctx context.Context, e *env) (dsn, note string, cleanup func(),
 		return "", "", nil, fmt.Errorf("no PostgreSQL server answers at 127.0.0.1:5432 and none could be started: %w", err)
 	}
 	return pg.URL, pg.URL + " (a throwaway cluster, removed on exit)", pg.Stop, nil
+}
+
+// refuseServingDatabase refuses a database that holds anything of a
+// network other than devnet: PAYWATCH_DATABASE_URL set for a real daemon
+// in the same shell must not get a development chain, its demo orders and
+// its migrations.
+func refuseServingDatabase(ctx context.Context, dsn string) error {
+	db, err := sql.Open("postgres", dsn)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	var other sql.NullString
+	err = db.QueryRowContext(ctx, `SELECT CASE WHEN to_regclass('orders') IS NULL THEN NULL
+		ELSE (SELECT min(network) FROM (SELECT network FROM orders WHERE network <> 'devnet'
+			UNION ALL SELECT network FROM chain_cursors WHERE network <> 'devnet') x) END`).Scan(&other)
+	var pqErr *pq.Error
+	if errors.As(err, &pqErr) && pqErr.Code == "3D000" { // no such database yet: it will be made
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("check PAYWATCH_DATABASE_URL: %w", err)
+	}
+	if other.Valid {
+		return fmt.Errorf("PAYWATCH_DATABASE_URL points at a database that watches %s, not a development one: "+
+			"paywatch dev will not touch it (unset the variable, or point it at an empty database)", other.String)
+	}
+	return nil
 }
 
 func dropDatabase(server, name string) {

@@ -191,3 +191,24 @@ func readDevKey(t *testing.T, state string) string {
 	}
 	return string(m[1])
 }
+
+// paywatch dev run in a shell where PAYWATCH_DATABASE_URL points at a
+// daemon's database refuses it, touching nothing.
+func TestDevRefusesADaemonsDatabase(t *testing.T) {
+	db, url := pgtest.NewWithURL(t)
+	pgtest.Exec(t, db, `INSERT INTO chain_cursors (network, updated_at) VALUES ('ethereum', now())`)
+	bin, err := buildBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "dev", "--listen", "127.0.0.1:0")
+	cmd.Env = append(os.Environ(), "PAYWATCH_DATABASE_URL="+url, "PAYWATCH_DEV_STATE="+filepath.Join(t.TempDir(), "s.json"))
+	out, _ := cmd.CombinedOutput()
+	if cmd.ProcessState.ExitCode() != 1 || !strings.Contains(string(out), "watches ethereum, not a development one") {
+		t.Fatalf("dev on a daemon's database (%d):\n%s", cmd.ProcessState.ExitCode(), out)
+	}
+	var n int
+	if err := db.Get(&n, `SELECT count(*) FROM chain_cursors WHERE network = 'devnet'`); err != nil || n != 0 {
+		t.Fatalf("dev touched the database: %d devnet cursors (%v)", n, err)
+	}
+}

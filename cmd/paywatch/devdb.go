@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"os/user"
@@ -70,9 +71,11 @@ type localPostgres struct {
 	stderr *os.File
 }
 
-// startLocalPostgres initialises and starts a cluster on a free port, with
-// trust authentication on 127.0.0.1 only. Run as root, it runs as the
-// postgres user (or nobody), as PostgreSQL refuses root.
+// startLocalPostgres initialises and starts a cluster that listens on a
+// unix socket only, in its own 0700 directory: trust authentication then
+// lets in this user alone (no TCP port another local user could reach).
+// Run as root, it runs as the postgres user (or nobody), as PostgreSQL
+// refuses root.
 func startLocalPostgres(ctx context.Context, log *slog.Logger) (*localPostgres, error) {
 	initdb, err := postgresBin("initdb")
 	if err != nil {
@@ -108,12 +111,12 @@ func startLocalPostgres(ctx context.Context, log *slog.Logger) (*localPostgres, 
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("initdb: %w", err)
 	}
-	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off", port, dir)
+	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses='' -c fsync=off -c synchronous_commit=off", port, dir)
 	if err := p.run(ctx, pgctl, "-D", data, "-o", opts, "-l", filepath.Join(dir, "server.log"), "-w", "-t", "60", "start"); err != nil {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("pg_ctl start: %w", err)
 	}
-	p.URL = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/paywatch?sslmode=disable", port)
+	p.URL = fmt.Sprintf("postgres://postgres@/paywatch?host=%s&port=%d&sslmode=disable", url.QueryEscape(dir), port)
 	return p, nil
 }
 

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
 )
 
 // The operator commands talk to a running daemon's API with an operator
@@ -162,7 +163,7 @@ func str(v any) string {
 	case nil:
 		return "-"
 	case string:
-		return x
+		return printable(x)
 	case float64:
 		return fmt.Sprint(int64(x))
 	case []any:
@@ -176,8 +177,21 @@ func str(v any) string {
 		return strings.Join(parts, ",")
 	default:
 		raw, _ := json.Marshal(x)
-		return string(raw)
+		return printable(string(raw))
 	}
+}
+
+// printable replaces control characters (newlines, tabs, terminal escape
+// sequences) with spaces: cells may hold text from outside (a webhook
+// receiver's error, a customer's metadata) that must not forge rows or
+// drive the terminal.
+func printable(s string) string {
+	return strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) {
+			return ' '
+		}
+		return r
+	}, s)
 }
 
 // when shortens an RFC 3339 time for a table.

@@ -32,17 +32,22 @@ func NewChanges(dsn string, log *slog.Logger) *Changes {
 }
 
 // Subscribe returns a channel that receives (coalesced) when the order
-// or its network may have changed, and a function to stop.
+// may have changed, or its network has new blocks (unless network is
+// empty), and a function to stop.
 func (c *Changes) Subscribe(orderID, network string) (<-chan struct{}, func()) {
 	ch := make(chan struct{}, 1)
 	c.mu.Lock()
 	add(c.byOrder, orderID, ch)
-	add(c.byNetwork, network, ch)
+	if network != "" {
+		add(c.byNetwork, network, ch)
+	}
 	c.mu.Unlock()
 	return ch, func() {
 		c.mu.Lock()
 		remove(c.byOrder, orderID, ch)
-		remove(c.byNetwork, network, ch)
+		if network != "" {
+			remove(c.byNetwork, network, ch)
+		}
 		c.mu.Unlock()
 	}
 }

@@ -40,7 +40,7 @@ func (s *Sealer) Seal(ctx context.Context, tx *sqlx.Tx) (int, error) {
 		CreatedAt time.Time `db:"created_at"`
 	}
 	if err := tx.SelectContext(ctx, &rows, `SELECT id, order_id, type, created_at FROM webhook_outbox
-		WHERE body IS NULL ORDER BY seq FOR UPDATE SKIP LOCKED`); err != nil {
+		WHERE body IS NULL AND status = 'pending' ORDER BY seq FOR UPDATE SKIP LOCKED`); err != nil {
 		return 0, fmt.Errorf("read unsealed webhook events: %w", err)
 	}
 	views := map[string]json.RawMessage{}

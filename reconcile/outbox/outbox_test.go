@@ -347,22 +347,36 @@ func TestPrivateAddressesAreRefused(t *testing.T) {
 	rcv := newReceiver(t, func(int) int { return 0 })
 	// The receiver is on 127.0.0.1; by name too (localhost resolves to it).
 	for _, url := range []string{rcv.srv.URL, strings.Replace(rcv.srv.URL, "127.0.0.1", "localhost", 1)} {
-		pgtest.Exec(t, db, `UPDATE webhook_outbox SET status = 'pending', next_attempt_at = now()`)
+		pgtest.Exec(t, db, `UPDATE webhook_outbox SET status = 'pending', next_attempt_at = now(), retry_from = now(), last_refused = false`)
 		snd := newSender(db, url, false, logger(t))
+		clock := reconciletest.NewClock(time.Now())
+		snd.Now, snd.MaxRetryAge = clock.Now, time.Hour
 		if _, err := snd.Round(context.Background()); err != nil {
 			t.Fatal(err)
 		}
-		var st []struct {
-			Status string  `db:"status"`
-			Err    *string `db:"last_error"`
+		first := func() (st struct {
+			Status  string  `db:"status"`
+			Err     *string `db:"last_error"`
+			Refused bool    `db:"last_refused"`
+		}) {
+			if err := db.Get(&st, `SELECT status, last_error, last_refused FROM webhook_outbox ORDER BY seq LIMIT 1`); err != nil {
+				t.Fatal(err)
+			}
+			return st
 		}
-		if err := db.Select(&st, `SELECT status, last_error FROM webhook_outbox ORDER BY seq`); err != nil {
-			t.Fatal(err)
+		// Refused, and retried (the name may point elsewhere later); the
+		// order's next event waits behind it.
+		if st := first(); st.Status != outbox.StatusPending || !st.Refused || st.Err == nil || !strings.Contains(*st.Err, "loopback") {
+			t.Fatalf("%s: first event %+v, want pending, refused as loopback", url, st)
 		}
-		// The first event is refused for good; the second waits behind it
-		// in its order's queue... and is refused when its turn comes.
-		if st[0].Status != outbox.StatusRefused || st[0].Err == nil || !strings.Contains(*st[0].Err, "loopback") {
-			t.Fatalf("%s: first event %+v, want refused as loopback", url, st[0])
+		for range 8 {
+			clock.Advance(10 * time.Minute)
+			if _, err := snd.Round(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if st := first(); st.Status != outbox.StatusRefused {
+			t.Fatalf("%s: after max_retry_age the first event is %+v, want refused", url, st)
 		}
 	}
 	if n := len(rcv.snapshot()); n != 0 {
@@ -412,11 +426,11 @@ func TestGiveUpAfterMaxRetryAgeThenRedeliver(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The first event was retried for max_retry_age and given up; the
-	// second, which waited behind it, was tried once, and given up too.
+	// second, which waited behind it all that time, was given up too.
 	c := statusCounts(t, db)
 	store := outbox.NewStore(db)
 	failed, _, err := store.Deliveries(ctx, outbox.Filter{Status: "failed", Limit: 10})
-	if err != nil || c["failed"] != 2 || len(failed) != 2 || failed[1].Attempts < 3 || failed[0].Attempts != 1 ||
+	if err != nil || c["failed"] != 2 || len(failed) != 2 || failed[1].Attempts < 3 || failed[0].Attempts != 0 ||
 		failed[1].NextAttemptAt != nil || failed[1].LastStatusCode == nil || *failed[1].LastStatusCode != 500 {
 		t.Fatalf("after max_retry_age: %v; failed deliveries %+v, %v", c, failed, err)
 	}
@@ -525,4 +539,70 @@ func TestReceiverDownForAnHour(t *testing.T) {
 		t.Fatalf("%d accepted, want 6", got)
 	}
 	t.Logf("all delivered %s after the receiver recovered", clock.Now().Sub(recovered))
+}
+
+// An event older than max_retry_age that was never sent (written with no
+// body by a writer that did not seal, or left by an upgrade) is given up,
+// not sealed with today's order and sent a year late.
+func TestOldUnsentEventIsNotSentWithTodaysOrder(t *testing.T) {
+	db := pgtest.New(t)
+	ctx := context.Background()
+	old := orders.NewStore(db, 24*time.Hour, reconciletest.Wallets(t)) // a pre-00007 writer: no Sealer
+	o, _, err := old.Create(ctx, orders.CreateRequest{ExternalID: "ext-old", Network: fx.Ethereum, Asset: fx.USDT,
+		Amount: big.NewInt(1_000_000), ExpiresIn: time.Hour, Actor: "shop"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := old.MarkPaid(ctx, o.ID, "", "shop"); err != nil {
+		t.Fatal(err)
+	}
+	// What 00007 leaves of it: pending, no body; written a year ago.
+	pgtest.Exec(t, db, `UPDATE webhook_outbox SET created_at = now() - interval '365 days', next_attempt_at = now() - interval '365 days'`)
+	if _, err := newOrders(t, db).Cancel(ctx, o.ID, "shop"); err != nil { // and the order moved on since
+		t.Fatal(err)
+	}
+	rcv := newReceiver(t, func(int) int { return 0 })
+	snd := newSender(db, rcv.srv.URL, true, logger(t))
+	snd.Sealer = orders.NewSealer(nil)
+	snd.MaxRetryAge = 72 * time.Hour
+	for range 3 {
+		if _, err := snd.Round(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for id, typ := range rcv.types {
+		var view struct{ Status string }
+		_ = json.Unmarshal(rcv.bodies[id].Order, &view)
+		if typ == "order.customer_marked_paid" {
+			t.Fatalf("a 365-day-old %s (created_at %s) was delivered after the upgrade, its body sealed now: order status %q",
+				typ, rcv.bodies[id].CreatedAt.Format(time.DateOnly), view.Status)
+		}
+	}
+}
+
+// A refusal is retried: one round during which the receiver's name
+// resolves to a private address (a DNS hiccup, or whoever controls the
+// zone) loses nothing, and no later event of the order overtakes it.
+func TestRefusedOnceIsRetried(t *testing.T) {
+	db := pgtest.New(t)
+	ctx := context.Background()
+	openOrders(t, newOrders(t, db), 2)
+	rcv := newReceiver(t, func(int) int { return 0 })
+	// The name resolves to 127.0.0.1 for one round...
+	bad := newSender(db, strings.Replace(rcv.srv.URL, "127.0.0.1", "localhost", 1), false, logger(t))
+	if _, err := bad.Round(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// ...then to a reachable address again (modelled by allowing it).
+	good := newSender(db, rcv.srv.URL, true, logger(t))
+	for range 5 {
+		if _, err := good.Round(ctx); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	c := statusCounts(t, db)
+	if c[outbox.StatusRefused] > 0 || c[outbox.StatusDelivered] != 4 {
+		t.Fatalf("after the resolver recovered: %v; receiver got %v (the refused events are never retried)", c, rcv.types)
+	}
 }

@@ -15,9 +15,11 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/jmoiron/sqlx"
@@ -37,7 +39,7 @@ const (
 	StatusPending   = "pending"
 	StatusDelivered = "delivered"
 	StatusFailed    = "failed"  // retried until max_retry_age, then given up
-	StatusRefused   = "refused" // the SSRF guard stopped it
+	StatusRefused   = "refused" // given up while the SSRF guard stopped each attempt
 )
 
 // Defaults of a Sender.
@@ -120,7 +122,7 @@ func (s *Sender) Run(ctx context.Context) error {
 			}()
 		}
 	}
-	s.log.Info("webhook sender running", "url", s.url)
+	s.log.Info("webhook sender running", "url", redactURL(s.url))
 	for {
 		n, err := s.Round(ctx)
 		if err != nil && ctx.Err() == nil {
@@ -139,16 +141,17 @@ func (s *Sender) Run(ctx context.Context) error {
 }
 
 type event struct {
-	ID       string `db:"id"`
-	OrderID  string `db:"order_id"`
-	Type     string `db:"type"`
-	Body     string `db:"body"`
-	Attempts int    `db:"attempts"`
+	ID         string `db:"id"`
+	OrderID    string `db:"order_id"`
+	Type       string `db:"type"`
+	Body       string `db:"body"`
+	Attempts   int    `db:"attempts"`
+	Generation int    `db:"generation"`
 }
 
 // Round seals what is unsealed, gives up on events past their retry age
-// (each is tried at least once, even one that waited behind an earlier
-// event of its order all that time), and sends one batch of due events. It returns how many it attempted.
+// (one that waited behind an earlier event of its order all that time
+// too), and sends one batch of due events. It returns how many it attempted.
 func (s *Sender) Round(ctx context.Context) (int, error) {
 	now := s.now()
 	if s.Sealer != nil {
@@ -165,16 +168,17 @@ func (s *Sender) Round(ctx context.Context) (int, error) {
 			s.log.Warn("webhook events were written without a body; sealed with their orders as they are now", "events", sealed)
 		}
 	}
-	if _, err := s.db.ExecContext(ctx, `UPDATE webhook_outbox SET status = 'failed', next_attempt_at = $1,
+	if _, err := s.db.ExecContext(ctx, `UPDATE webhook_outbox
+		SET status = CASE WHEN last_refused THEN 'refused' ELSE 'failed' END, next_attempt_at = $1,
 		last_error = coalesce(last_error || '; ', '') || 'gave up: no 2xx answer within max_retry_age'
-		WHERE status = 'pending' AND attempts > 0 AND coalesce(retry_from, created_at) + $2::float8 * interval '1 microsecond' < $1`,
+		WHERE status = 'pending' AND coalesce(retry_from, created_at) + $2::float8 * interval '1 microsecond' < $1`,
 		now, s.MaxRetryAge.Microseconds()); err != nil {
 		return 0, fmt.Errorf("give up on old webhook events: %w", err)
 	}
 	// The earliest pending event of each order, if due: an order's events
 	// leave in the order they were written.
 	var due []event
-	if err := s.db.SelectContext(ctx, &due, `SELECT o.id, o.order_id, o.type, o.body, o.attempts
+	if err := s.db.SelectContext(ctx, &due, `SELECT o.id, o.order_id, o.type, o.body, o.attempts, o.generation
 		FROM webhook_outbox o
 		WHERE o.status = 'pending' AND o.next_attempt_at <= $1 AND o.body IS NOT NULL
 			AND NOT EXISTS (SELECT 1 FROM webhook_outbox p
@@ -212,27 +216,31 @@ func (s *Sender) deliver(ctx context.Context, e event) error {
 	if ctx.Err() != nil {
 		return ctx.Err() // shutting down: the attempt did not count
 	}
+	// A refusal is retried like any failure: the name may resolve to a
+	// public address again (only a give-up makes the event refused).
 	status := StatusPending
-	switch {
-	case a.code >= 200 && a.code < 300:
+	if a.code >= 200 && a.code < 300 {
 		status = StatusDelivered
-	case a.refused:
-		status = StatusRefused
 	}
 	n := e.Attempts + 1
 	next := a.at.Add(s.backoff(n))
 	if s.Metrics != nil {
-		s.Metrics(status, a.latency)
+		outcome := status
+		if a.refused {
+			outcome = StatusRefused
+		}
+		s.Metrics(outcome, a.latency)
 	}
 	err := pg.Tx(ctx, s.db, func(tx *sqlx.Tx) error {
 		res, err := tx.ExecContext(ctx, `UPDATE webhook_outbox SET attempts = $3, last_attempt_at = $4::timestamptz,
-			last_status_code = $5, last_latency_ms = $6, last_error = NULLIF($7::text, ''),
+			last_status_code = $5, last_latency_ms = $6, last_error = NULLIF($7::text, ''), last_refused = $10,
 			status = CASE WHEN $2::text = 'pending' AND coalesce(retry_from, created_at) + $9::float8 * interval '1 microsecond' < $8::timestamptz
-				THEN 'failed' ELSE $2::text END,
+				THEN CASE WHEN $10 THEN 'refused' ELSE 'failed' END ELSE $2::text END,
 			next_attempt_at = $8::timestamptz,
 			delivered_at = CASE WHEN $2::text = 'delivered' THEN $4::timestamptz END
-			WHERE id = $1 AND status = 'pending' AND attempts = $3 - 1`,
-			e.ID, status, n, a.at, nullCode(a.code), a.latency.Milliseconds(), a.err, next, s.MaxRetryAge.Microseconds())
+			WHERE id = $1 AND status = 'pending' AND attempts = $3 - 1 AND generation = $11`,
+			e.ID, status, n, a.at, nullCode(a.code), a.latency.Milliseconds(), a.err, next, s.MaxRetryAge.Microseconds(),
+			a.refused, e.Generation)
 		if err != nil {
 			return err
 		}
@@ -240,7 +248,7 @@ func (s *Sender) deliver(ctx context.Context, e event) error {
 			return nil // recorded by someone else (an operator's redelivery, another sender)
 		}
 		_, err = tx.ExecContext(ctx, `INSERT INTO webhook_attempts (event_id, attempt, at, url, status_code, latency_ms, error)
-			VALUES ($1, $2, $3, $4, $5, $6, NULLIF($7, ''))`, e.ID, n, a.at, s.url, nullCode(a.code), a.latency.Milliseconds(), a.err)
+			VALUES ($1, $2, $3, $4, $5, $6, NULLIF($7, ''))`, e.ID, n, a.at, redactURL(s.url), nullCode(a.code), a.latency.Milliseconds(), a.err)
 		return err
 	})
 	if err != nil {
@@ -288,9 +296,16 @@ func (s *Sender) post(ctx context.Context, e event) attempt {
 	return a
 }
 
-// truncate keeps error texts short and storable (valid UTF-8, no NUL).
+// truncate keeps error texts short, storable (valid UTF-8, no NUL) and
+// harmless on a terminal: the receiver writes part of them, so control
+// characters (newlines, escape sequences) become spaces.
 func truncate(s string) string {
-	s = strings.ToValidUTF8(strings.ReplaceAll(s, "\x00", ""), "?")
+	s = strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) {
+			return ' '
+		}
+		return r
+	}, strings.ToValidUTF8(s, "?"))
 	if len(s) <= maxErrorText {
 		return s
 	}
@@ -299,6 +314,22 @@ func truncate(s string) string {
 		s = s[:len(s)-1]
 	}
 	return s + "…"
+}
+
+// redactURL hides a URL's password and query (either may hold a token)
+// where the URL is logged or stored.
+func redactURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(unparsable URL)"
+	}
+	if u.User != nil {
+		u.User = url.User(u.User.Username())
+	}
+	if u.RawQuery != "" {
+		u.RawQuery = "redacted"
+	}
+	return u.String()
 }
 
 // backoff is the delay after the n-th failed attempt: BackoffBase doubled

@@ -91,7 +91,10 @@ func (s *Store) Deliveries(ctx context.Context, f Filter) ([]Delivery, string, e
 
 // Redeliver queues an event to be sent again now, whatever its status,
 // with max_retry_age counted afresh, and records it on the order's
-// timeline with the operator's name.
+// timeline with the operator's name. An attempt in flight meanwhile does
+// not count for it (the event's generation moved on). An event written
+// before delivery existed has no body yet: it is sent with its order as
+// it is when sent.
 func (s *Store) Redeliver(ctx context.Context, eventID, actor string) (*Delivery, error) {
 	if !pg.ValidText(eventID) {
 		return nil, paywatch.Errorf(paywatch.CodeNotFound, "no webhook event %.80q", eventID)
@@ -101,7 +104,8 @@ func (s *Store) Redeliver(ctx context.Context, eventID, actor string) (*Delivery
 	err := pg.Tx(ctx, s.db, func(tx *sqlx.Tx) error {
 		var rows []Delivery
 		if err := tx.SelectContext(ctx, &rows, `UPDATE webhook_outbox SET status = 'pending', next_attempt_at = $2,
-			retry_from = $2, delivered_at = NULL WHERE id = $1 RETURNING `+deliveryColumns, eventID, now); err != nil {
+			retry_from = $2, delivered_at = NULL, last_refused = false, generation = generation + 1
+			WHERE id = $1 RETURNING `+deliveryColumns, eventID, now); err != nil {
 			return fmt.Errorf("redeliver %s: %w", eventID, err)
 		}
 		if len(rows) == 0 {

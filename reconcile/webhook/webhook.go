@@ -53,6 +53,9 @@ var (
 	ErrMismatch = errors.New("webhook: signature does not match")
 	// ErrStale: the timestamp is outside the tolerance.
 	ErrStale = errors.New("webhook: signature timestamp outside the tolerance")
+	// ErrNoSecret: the secret is empty (an unset variable, most likely):
+	// anyone could sign with it.
+	ErrNoSecret = errors.New("webhook: the secret is empty")
 )
 
 // Sign returns the Paywatch-Signature header value for body sent at t.
@@ -79,6 +82,9 @@ func Verify(secret, header string, body []byte, tolerance time.Duration) error {
 
 // VerifyAt is Verify with the current time given.
 func VerifyAt(secret, header string, body []byte, tolerance time.Duration, now time.Time) error {
+	if secret == "" {
+		return ErrNoSecret
+	}
 	if tolerance <= 0 {
 		tolerance = DefaultTolerance
 	}

@@ -40,6 +40,7 @@ func TestVerify(t *testing.T) {
 		{"second v1 matches", "whsec_right", "t=1800000000,v1=" + strings.Repeat("00", 32) + "," + header[strings.Index(header, "v1="):], body, now, nil},
 		{"two timestamps", "whsec_right", header + ",t=1800000000", body, now, webhook.ErrMalformed},
 		{"signed timestamp with a sign", "whsec_right", strings.Replace(header, "t=", "t=+", 1), body, now, webhook.ErrMalformed},
+		{"empty secret, signed with it", "", webhook.Sign("", now, body), body, now, webhook.ErrNoSecret},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/paywatch/paywatch"
@@ -97,6 +98,8 @@ type Server struct {
 	changes  Changes
 	metrics  http.Handler
 	schema   func(ctx context.Context) (current, latest int64, err error)
+	// waiting counts long-polls in progress.
+	waiting atomic.Int64
 	// draining is closed when the server shuts down: long-polls answer.
 	draining  chan struct{}
 	drainOnce sync.Once

@@ -16,6 +16,14 @@ import (
 // MaxWait is the longest a long-poll (GET /v1/orders/{id}?wait=) holds.
 const MaxWait = 60 * time.Second
 
+// Long-poll limits: how many may wait at once (more answer 429
+// rate_limited), and how often one re-reads its order when woken (blocks
+// come fast while a scanner catches up).
+const (
+	MaxWaiting   = 10_000
+	minRereadGap = 250 * time.Millisecond
+)
+
 // Changes wakes long-polls when an order may have changed.
 type Changes interface {
 	Subscribe(orderID, network string) (<-chan struct{}, func())
@@ -74,8 +82,20 @@ func (s *Server) getOrder(w http.ResponseWriter, r *http.Request, _ *config.APIK
 	}
 	inm := r.Header.Get("If-None-Match")
 	if wait > 0 && s.changes != nil && (inm == "" || matches(inm, etag)) {
+		if s.waiting.Add(1) > MaxWaiting {
+			s.waiting.Add(-1)
+			return paywatch.Errorf(paywatch.CodeRateLimited, "too many requests are waiting for changes; retry in a few seconds")
+		}
+		defer s.waiting.Add(-1)
 		base := etag
-		changed, stop := s.changes.Subscribe(o.ID, o.Network)
+		// An order with no payment yet changes only by its own
+		// notifications; one with payments also with each block of its
+		// network (confirmations).
+		network := ""
+		if len(o.Transfers) > 0 {
+			network = o.Network
+		}
+		changed, stop := s.changes.Subscribe(o.ID, network)
 		defer stop()
 		// Read again now that changes are heard: one that landed between
 		// the first read and the subscription is not missed.
@@ -84,6 +104,7 @@ func (s *Server) getOrder(w http.ResponseWriter, r *http.Request, _ *config.APIK
 		}
 		timer := time.NewTimer(wait)
 		defer timer.Stop()
+		last := time.Now()
 	poll:
 		for etag == base {
 			select {
@@ -94,6 +115,12 @@ func (s *Server) getOrder(w http.ResponseWriter, r *http.Request, _ *config.APIK
 			case <-s.draining:
 				break poll
 			case <-changed:
+				select { // at most one read per minRereadGap
+				case <-time.After(time.Until(last.Add(minRereadGap))):
+				case <-r.Context().Done():
+					return nil
+				}
+				last = time.Now()
 				if _, body, etag, err = s.renderOrder(r, id); err != nil {
 					return err
 				}

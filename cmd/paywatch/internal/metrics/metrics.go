@@ -8,6 +8,7 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -95,12 +96,20 @@ func (m *Metrics) Webhook(outcome string, latency time.Duration) {
 	m.webhookTime.Observe(latency.Seconds())
 }
 
-// state reads gauges from the database at each scrape.
+// state reads gauges from the database, at most once per cacheFor:
+// /metrics needs no key, and scrapes in a loop must not load the database.
 type state struct {
 	db      *sqlx.DB
 	log     *slog.Logger
 	backlog *outbox.Store
+
+	mu     sync.Mutex
+	at     time.Time
+	cached []prometheus.Metric
 }
+
+// cacheFor is how long gauges read from the database are served again.
+const cacheFor = 10 * time.Second
 
 var (
 	headDesc    = prometheus.NewDesc("paywatch_network_head", "The newest block the network's node reported.", []string{"network"}, nil)
@@ -121,6 +130,26 @@ func (s *state) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (s *state) Collect(ch chan<- prometheus.Metric) {
+	s.mu.Lock() // one reader at a time; the others get its answer
+	defer s.mu.Unlock()
+	if time.Since(s.at) >= cacheFor {
+		buf := make(chan prometheus.Metric, 256)
+		go func() {
+			s.collect(buf)
+			close(buf)
+		}()
+		s.cached = s.cached[:0]
+		for m := range buf {
+			s.cached = append(s.cached, m)
+		}
+		s.at = time.Now()
+	}
+	for _, m := range s.cached {
+		ch <- m
+	}
+}
+
+func (s *state) collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	up := 1.0
