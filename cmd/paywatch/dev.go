@@ -35,10 +35,15 @@ type devState struct {
 	OperatorKey   string              `json:"operator_key"`
 	FaucetKey     string              `json:"faucet_key"` // a development chain key, worthless elsewhere
 	Assets        map[string]devAsset `json:"assets"`
+	// BitcoinFaucet pays Bitcoin orders from the regtest node's wallet
+	// (with --bitcoin), for the holder of the token.
+	BitcoinFaucet      string `json:"bitcoin_faucet,omitempty"`
+	BitcoinFaucetToken string `json:"bitcoin_faucet_token,omitempty"`
 }
 
 type devAsset struct {
-	Contract string `json:"contract,omitempty"` // empty for ETH
+	Network  string `json:"network"`
+	Contract string `json:"contract,omitempty"` // empty for native coins
 	Decimals int32  `json:"decimals"`
 }
 
@@ -80,21 +85,28 @@ func writeDevState(path string, st devState) error {
 	return os.Rename(f.Name(), path)
 }
 
+// devXPub is the BIP84 test vector's account key (regtest addresses): the
+// development shop's per-order addresses; its private key is public.
+const devXPub = "vpub5Y6cjg78GGuNLsaPhmYsiw4gYX3HoQiRBiSwDaBXKUafCt9bNwWQiitDk5VZ5BVxYnQdwoTyXSs2JHRPAgjAvtbBrf8ZhDYe2jWAqvZVnsc"
+
 // localServer is where `paywatch dev` looks for a PostgreSQL server when
 // PAYWATCH_DATABASE_URL is not set.
 const localServer = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
 
 const devUsage = `Usage:
-  paywatch dev [--listen ADDR] [--block-time D]
+  paywatch dev [--listen ADDR] [--block-time D] [--bitcoin]
       an embedded development chain (network devnet: ETH and USDT), a local
-      database and the API; prints the API address, the keys and a demo order
+      database and the API; prints the API address, the keys and a demo order;
+      --bitcoin adds a btcd regtest node (network devbtc: BTC, an address per
+      order), built with the Go toolchain the first time (about a minute)
   paywatch dev pay ORDER_ID [--amount X] [--no-follow]
       pay an order from the development faucet and follow it to its end
 
 Environment: PAYWATCH_DATABASE_URL (else a fresh database on the server at
 127.0.0.1:5432 if one answers, else a throwaway cluster), PAYWATCH_STOREFRONT_KEY
 and PAYWATCH_OPERATOR_KEY (else generated), PAYWATCH_DEV_STATE (where dev
-writes what dev pay reads; default in the temporary directory).
+writes what dev pay reads; default paywatch/dev.json in the user's cache
+directory).
 `
 
 func devCommand(ctx context.Context, e *env, args []string) error {
@@ -106,6 +118,7 @@ func devCommand(ctx context.Context, e *env, args []string) error {
 	fs.Usage = func() { fmt.Fprint(e.stderr, devUsage) }
 	listen := fs.String("listen", "127.0.0.1:8080", "API address")
 	blockTime := fs.Duration("block-time", time.Second, "how often the development chain seals a block")
+	withBitcoin := fs.Bool("bitcoin", false, "also run a btcd regtest node (network devbtc)")
 	if err := fs.Parse(args); err != nil {
 		return usageError{err}
 	}
@@ -154,8 +167,39 @@ func devCommand(ctx context.Context, e *env, args []string) error {
 	state := devState{RPC: chain.URL, StorefrontKey: e.getenv("PAYWATCH_STOREFRONT_KEY"),
 		OperatorKey: e.getenv("PAYWATCH_OPERATOR_KEY"),
 		FaucetKey:   hex.EncodeToString(crypto.FromECDSA(chain.Keys[0])),
-		Assets: map[string]devAsset{"ETH": {Decimals: 18},
-			"USDT": {Contract: usdt.Address.Hex(), Decimals: 6}}}
+		Assets: map[string]devAsset{"ETH": {Network: "devnet", Decimals: 18},
+			"USDT": {Network: "devnet", Contract: usdt.Address.Hex(), Decimals: 6}}}
+	btcNetwork := ""
+	vars := map[string]string{}
+	if *withBitcoin {
+		dir, err := os.MkdirTemp("", "paywatch-dev-btc-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(dir)
+		btc, err := startDevBitcoin(ctx, e.log, dir, *blockTime)
+		if err != nil {
+			return err
+		}
+		defer btc.Stop()
+		state.BitcoinFaucet, state.BitcoinFaucetToken = btc.FaucetURL, btc.token
+		state.Assets["BTC"] = devAsset{Network: "devbtc", Decimals: 8}
+		vars["PAYWATCH_DEV_BTC_USER"], vars["PAYWATCH_DEV_BTC_PASS"] = btc.node.User, btc.node.Pass
+		// A published test key (BIP84 test vectors): development only.
+		btcNetwork = fmt.Sprintf(`  - name: devbtc
+    family: bitcoin
+    rpc_urls: [%s]
+    rpc_user_env: PAYWATCH_DEV_BTC_USER
+    rpc_pass_env: PAYWATCH_DEV_BTC_PASS
+    rpc_cert_file: %q
+    chain: regtest
+    confirmations: 2
+    poll_interval: 250ms
+    start_block: 0
+    assets:
+      - {symbol: BTC, native: true, decimals: 8, receive: {xpub: "%s"}}
+`, btc.node.URL, btc.certFile, devXPub)
+	}
 	if state.StorefrontKey == "" {
 		state.StorefrontKey = "sf_dev_" + randomHex(12)
 	}
@@ -180,9 +224,9 @@ networks:
     assets:
       - {symbol: ETH, native: true, decimals: 18, unique_step: "0.000001", receive: {addresses: ["%s"]}}
       - {symbol: USDT, contract: "%s", decimals: 6, unique_step: "0.000001", receive: {addresses: ["%s"]}}
-`, *listen, chain.URL, devchain.ChainID, shop.Hex(), usdt.Address.Hex(), shop.Hex())
-	vars := map[string]string{"PAYWATCH_DATABASE_URL": dsn, "PAYWATCH_STOREFRONT_KEY": state.StorefrontKey,
-		"PAYWATCH_OPERATOR_KEY": state.OperatorKey}
+%s`, *listen, chain.URL, devchain.ChainID, shop.Hex(), usdt.Address.Hex(), shop.Hex(), btcNetwork)
+	vars["PAYWATCH_DATABASE_URL"] = dsn
+	vars["PAYWATCH_STOREFRONT_KEY"], vars["PAYWATCH_OPERATOR_KEY"] = state.StorefrontKey, state.OperatorKey
 	cfg, err := config.Parse([]byte(doc), func(k string) string { return vars[k] })
 	if err != nil {
 		return fmt.Errorf("development configuration: %w", err)
@@ -236,6 +280,19 @@ Follow it as a checkout page would (answers as soon as it changes):
   curl -s '%s/v1/orders/%s?wait=30s' -H 'Authorization: Bearer %s'
 `, state.API, shownSF, shownOP, chain.URL, devchain.ChainID, *blockTime, usdt.Address.Hex(),
 		dbNote, id, order["pay_amount"], order["asset"], order["pay_address"], id, state.API, id, shownSF)
+	if state.BitcoinFaucet != "" {
+		btcOrder, err := devCall(ctx, state.API, state.StorefrontKey, "POST", "/v1/orders",
+			fmt.Sprintf(`{"external_id":"demo-btc-%d","network":"devbtc","asset":"BTC","amount":"0.001"}`, time.Now().Unix()))
+		if err != nil {
+			return fmt.Errorf("create the Bitcoin demo order: %w", err)
+		}
+		fmt.Fprintf(e.stdout, `
+A Bitcoin demo order (network devbtc, btcd regtest, an address per order):
+  id           %s
+  pay          %s BTC to %s
+  go run ./cmd/paywatch dev pay %s
+`, btcOrder["id"], btcOrder["pay_amount"], btcOrder["pay_address"], btcOrder["id"])
+	}
 	return <-runErr
 }
 

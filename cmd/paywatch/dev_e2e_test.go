@@ -18,6 +18,9 @@ import (
 	"github.com/paywatch/paywatch/migrations/pgtest"
 )
 
+// devOutput gives, by state file, what a running dev printed so far.
+var devOutput = map[string]func() string{}
+
 var (
 	devOrderLine = regexp.MustCompile(`id +(ord_[a-z0-9]+)`)
 	devAPILine   = regexp.MustCompile(`API +(http://\S+)`)
@@ -25,14 +28,14 @@ var (
 
 // runDev starts `paywatch dev` as README's first command does, and
 // returns the demo order's id once it printed it.
-func runDev(t *testing.T, env ...string) (orderID, api, statePath string, stop func() string) {
+func runDev(t *testing.T, args []string, env ...string) (orderID, api, statePath string, stop func() string) {
 	t.Helper()
 	bin, err := buildBinary()
 	if err != nil {
 		t.Fatal(err)
 	}
 	statePath = filepath.Join(t.TempDir(), "dev.json")
-	cmd := exec.Command(bin, "dev", "--listen", "127.0.0.1:0")
+	cmd := exec.Command(bin, append([]string{"dev", "--listen", "127.0.0.1:0"}, args...)...)
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "PAYWATCH_") {
 			cmd.Env = append(cmd.Env, kv)
@@ -77,6 +80,11 @@ func runDev(t *testing.T, env ...string) (orderID, api, statePath string, stop f
 		mu.Lock()
 		defer mu.Unlock()
 		return out.String() + logs.String()
+	}
+	devOutput[statePath] = func() string {
+		mu.Lock()
+		defer mu.Unlock()
+		return out.String()
 	}
 	t.Cleanup(func() {
 		text := stop()
@@ -126,7 +134,7 @@ func devPay(t *testing.T, statePath string, args ...string) string {
 // order paid with dev pay, settled.
 func TestDevSmoke(t *testing.T) {
 	server := pgtest.ServerURL()
-	id, api, state, stop := runDev(t, "PAYWATCH_DEV_LOCAL_SERVER="+server)
+	id, api, state, stop := runDev(t, nil, "PAYWATCH_DEV_LOCAL_SERVER="+server)
 	start := time.Now()
 	out := devPay(t, state, id)
 	if !strings.Contains(out, "awaiting_payment → confirming → settled") {
@@ -166,7 +174,7 @@ func TestDevSmoke(t *testing.T) {
 // On a machine with no server on 127.0.0.1:5432, paywatch dev starts a
 // throwaway cluster with PostgreSQL's own programs, and removes it on exit.
 func TestDevThrowawayCluster(t *testing.T) {
-	id, _, state, stop := runDev(t, "PAYWATCH_DEV_LOCAL_SERVER=postgres://postgres@127.0.0.1:1/postgres?sslmode=disable&connect_timeout=1")
+	id, _, state, stop := runDev(t, nil, "PAYWATCH_DEV_LOCAL_SERVER=postgres://postgres@127.0.0.1:1/postgres?sslmode=disable&connect_timeout=1")
 	if out := devPay(t, state, id); !strings.Contains(out, "→ settled") {
 		t.Fatalf("dev pay printed:\n%s", out)
 	}
@@ -210,5 +218,23 @@ func TestDevRefusesADaemonsDatabase(t *testing.T) {
 	var n int
 	if err := db.Get(&n, `SELECT count(*) FROM chain_cursors WHERE network = 'devnet'`); err != nil || n != 0 {
 		t.Fatalf("dev touched the database: %d devnet cursors (%v)", n, err)
+	}
+}
+
+// paywatch dev --bitcoin adds a btcd regtest node: its demo order, paid
+// with dev pay from the node's wallet, settles too.
+func TestDevBitcoin(t *testing.T) {
+	_, api, state, _ := runDev(t, []string{"--bitcoin"}, "PAYWATCH_DEV_LOCAL_SERVER="+pgtest.ServerURL())
+	var btcOrder string
+	waitUntil(t, 30*time.Second, "the Bitcoin demo order", func() bool {
+		m := regexp.MustCompile(`dev pay (ord_[a-z0-9]+)\n`).FindAllStringSubmatch(devOutput[state](), -1)
+		if len(m) >= 2 {
+			btcOrder = m[len(m)-1][1]
+		}
+		return btcOrder != ""
+	})
+	_ = api
+	if out := devPay(t, state, btcOrder); !strings.Contains(out, "BTC to bcrt1") || !strings.Contains(out, "→ settled") {
+		t.Fatalf("dev pay of the Bitcoin order printed:\n%s", out)
 	}
 }

@@ -58,8 +58,9 @@ func devPayCommand(ctx context.Context, e *env, args []string) error {
 	}
 	asset, _ := order["asset"].(string)
 	a, ok := st.Assets[asset]
-	if order["network"] != "devnet" || !ok {
-		return fmt.Errorf("order %s is on %v %s: the faucet pays devnet ETH and USDT only", id, order["network"], asset)
+	if !ok || order["network"] != a.Network {
+		return fmt.Errorf("order %s is on %v %s: the faucets pay devnet ETH and USDT (and devbtc BTC with --bitcoin) only",
+			id, order["network"], asset)
 	}
 	send, _ := order["pay_amount"].(string)
 	if *amount != "" {
@@ -69,16 +70,26 @@ func devPayCommand(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return usageError{err}
 	}
-	to := common.HexToAddress(order["pay_address"].(string))
-	hash, err := devSend(ctx, st, a, to, units)
+	address, _ := order["pay_address"].(string)
+	var hash string
+	if a.Network == "devbtc" {
+		if !units.IsInt64() {
+			return usageError{fmt.Errorf("%s BTC is too much", send)}
+		}
+		hash, err = devPayBitcoin(ctx, st, address, units.Int64())
+	} else {
+		var h common.Hash
+		h, err = devSend(ctx, st, a, common.HexToAddress(address), units)
+		hash = h.Hex()
+	}
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(e.stdout, "sent %s %s to %s in %s\n", paywatch.FormatUnits(units, a.Decimals), asset, to.Hex(), hash.Hex())
+	fmt.Fprintf(e.stdout, "sent %s %s to %s in %s\n", paywatch.FormatUnits(units, a.Decimals), asset, address, hash)
 	// Then click "I've paid" with the hash, as a customer would: an amount
 	// other than pay_amount is tied to the order by this claim alone.
 	if _, err := devCall(ctx, st.API, st.StorefrontKey, "POST", "/v1/orders/"+id+"/paid",
-		fmt.Sprintf(`{"tx_hash":%q}`, hash.Hex())); err != nil {
+		fmt.Sprintf(`{"tx_hash":%q}`, hash)); err != nil {
 		return err
 	}
 	if *noFollow {

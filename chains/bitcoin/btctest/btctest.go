@@ -5,17 +5,13 @@ package btctest
 
 import (
 	"bytes"
-	"fmt"
-	"net"
 	"os"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/btcsuite/btcd/btcec/v2"
 	"github.com/btcsuite/btcd/btcutil"
-	"github.com/btcsuite/btcd/chaincfg"
 	"github.com/btcsuite/btcd/chaincfg/chainhash"
 	"github.com/btcsuite/btcd/integration/rpctest"
 	"github.com/btcsuite/btcd/rpcclient"
@@ -23,19 +19,17 @@ import (
 	"github.com/btcsuite/btcd/wire"
 
 	"github.com/paywatch/paywatch/chains/bitcoin"
+	"github.com/paywatch/paywatch/chains/bitcoin/devnode"
 )
 
 // Params are the chain parameters of the nodes (regtest).
-var Params = &chaincfg.RegressionNetParams
-
-// setUp serialises harness start-ups: rpctest builds btcd once per
-// process and hands out ports from shared state.
-var setUp sync.Mutex
+var Params = devnode.Params
 
 // Node is a btcd regtest node started for a test and stopped with it.
 type Node struct {
-	t testing.TB
-	H *rpctest.Harness
+	t   testing.TB
+	dev *devnode.Node
+	H   *rpctest.Harness
 	// URL and Credentials reach the node's JSON-RPC (TLS with the node's
 	// own certificate).
 	URL         string
@@ -60,54 +54,17 @@ func NewPeer(t testing.TB, n *Node) *Node {
 
 func start(t testing.TB, coins bool) *Node {
 	t.Helper()
-	setUp.Lock()
-	defer setUp.Unlock()
-	// rpctest's own ports count up from 8333 in every process: test
-	// binaries of several packages running at once would collide. The
-	// kernel's free ports do not (and a set-up that loses a race for one
-	// is tried again).
-	rpctest.ListenAddressGenerator = freeAddresses
-	mature := uint32(0)
-	if coins {
-		mature = 30
+	dn, err := devnode.Start(coins)
+	if err != nil {
+		t.Fatalf("btctest: %v", err)
 	}
-	var h *rpctest.Harness
-	for attempt := 1; ; attempt++ {
-		var err error
-		if h, err = rpctest.New(Params, nil, []string{"--txindex"}, ""); err != nil {
-			t.Fatalf("btctest: %v", err)
-		}
-		err = h.SetUp(coins, mature)
-		if err == nil {
-			break
-		}
-		_ = h.TearDown()
-		if attempt == 3 {
-			t.Fatalf("btctest: set up btcd: %v", err)
-		}
-	}
-	t.Cleanup(func() { _ = h.TearDown() })
-	cfg := h.RPCConfig()
+	t.Cleanup(func() { _ = dn.Stop() })
 	cert := filepath.Join(t.TempDir(), "rpc.cert")
-	if err := os.WriteFile(cert, cfg.Certificates, 0o600); err != nil {
+	if err := os.WriteFile(cert, dn.Cert, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	return &Node{t: t, H: h, URL: "https://" + cfg.Host,
-		Credentials: bitcoin.Credentials{User: cfg.User, Pass: cfg.Pass, CertFile: cert}}
-}
-
-// freeAddresses returns two listening addresses on ports the kernel has
-// free now.
-func freeAddresses() (string, string) {
-	port := func() string {
-		l, err := net.Listen("tcp4", "127.0.0.1:0")
-		if err != nil {
-			panic(fmt.Sprintf("btctest: no free port: %v", err))
-		}
-		defer l.Close()
-		return l.Addr().String()
-	}
-	return port(), port()
+	return &Node{t: t, dev: dn, H: dn.H, URL: dn.URL,
+		Credentials: bitcoin.Credentials{User: dn.User, Pass: dn.Pass, CertFile: cert}}
 }
 
 // Connect joins n to other as a peer and waits until both have the same
@@ -169,32 +126,17 @@ func (n *Node) Height() uint64 {
 }
 
 // Output is a payment of sats to an address.
-type Output struct {
-	Address string
-	Sats    int64
-}
+type Output = devnode.Output
 
 // Pay sends one transaction paying the outputs (to the mempool; Mine puts
 // it in a block) and returns its id.
 func (n *Node) Pay(outputs ...Output) string {
 	n.t.Helper()
-	outs := make([]*wire.TxOut, len(outputs))
-	for i, o := range outputs {
-		addr, err := btcutil.DecodeAddress(o.Address, Params)
-		if err != nil {
-			n.t.Fatalf("btctest: %v", err)
-		}
-		script, err := txscript.PayToAddrScript(addr)
-		if err != nil {
-			n.t.Fatalf("btctest: %v", err)
-		}
-		outs[i] = wire.NewTxOut(o.Sats, script)
-	}
-	txid, err := n.H.SendOutputs(outs, 10)
+	txid, err := n.dev.Pay(outputs...)
 	if err != nil {
-		n.t.Fatalf("btctest: pay: %v", err)
+		n.t.Fatalf("btctest: %v", err)
 	}
-	return txid.String()
+	return txid
 }
 
 // Invalidate marks the block at a height invalid: the node falls back to

@@ -1,0 +1,153 @@
+// Package devnode runs a btcd regtest node in-process for development and
+// tests: btcd's integration/rpctest harness (which builds btcd with the Go
+// toolchain from the module's own dependencies), with a wallet in memory
+// holding mature coins to pay from. `paywatch dev --bitcoin` and btctest use
+// it; the daemon (`serve`) never imports it.
+package devnode
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime/debug"
+	"sync"
+
+	"github.com/btcsuite/btcd/btcutil"
+	"github.com/btcsuite/btcd/chaincfg"
+	"github.com/btcsuite/btcd/integration/rpctest"
+	"github.com/btcsuite/btcd/txscript"
+	"github.com/btcsuite/btcd/wire"
+)
+
+// Params are the chain parameters of the nodes (regtest).
+var Params = &chaincfg.RegressionNetParams
+
+// setUp serialises harness start-ups: rpctest builds btcd once per
+// process and hands out ports from shared state.
+var setUp sync.Mutex
+
+// Node is a running btcd regtest node.
+type Node struct {
+	H *rpctest.Harness
+	// URL, User, Pass and Cert (PEM) reach the node's JSON-RPC (TLS with
+	// the node's own certificate).
+	URL, User, Pass string
+	Cert            []byte
+}
+
+// Start builds btcd if needed and starts a node with the transaction index
+// on; with coins, its wallet holds mature coins to pay from.
+func Start(coins bool) (*Node, error) {
+	setUp.Lock()
+	defer setUp.Unlock()
+	if err := ensureBtcd(); err != nil {
+		return nil, err
+	}
+	// rpctest's own ports count up from 8333 in every process: several
+	// processes at once would collide. The kernel's free ports do not (and
+	// a set-up that loses a race for one is tried again).
+	rpctest.ListenAddressGenerator = freeAddresses
+	mature := uint32(0)
+	if coins {
+		mature = 30
+	}
+	for attempt := 1; ; attempt++ {
+		h, err := rpctest.New(Params, nil, []string{"--txindex"}, "")
+		if err != nil {
+			return nil, fmt.Errorf("btcd: %w", err)
+		}
+		if err = h.SetUp(coins, mature); err == nil {
+			cfg := h.RPCConfig()
+			return &Node{H: h, URL: "https://" + cfg.Host, User: cfg.User, Pass: cfg.Pass, Cert: cfg.Certificates}, nil
+		}
+		_ = h.TearDown()
+		if attempt == 3 {
+			return nil, fmt.Errorf("set up btcd: %w", err)
+		}
+	}
+}
+
+// ensureBtcd makes sure a btcd can be run. rpctest builds btcd from the
+// module containing the working directory; outside it, that fails and
+// rpctest runs "btcd" from PATH. So when there is none on PATH, the btcd
+// version this binary was built with is installed (go install, from the
+// module proxy) into the user's cache directory, which goes on PATH.
+func ensureBtcd() error {
+	if _, err := exec.LookPath("btcd"); err == nil {
+		return nil
+	}
+	cache, err := os.UserCacheDir()
+	if err != nil {
+		cache = os.TempDir()
+	}
+	bin := filepath.Join(cache, "paywatch", "bin")
+	if _, err := os.Stat(filepath.Join(bin, "btcd")); err != nil {
+		version := "latest"
+		if info, ok := debug.ReadBuildInfo(); ok {
+			for _, m := range info.Deps {
+				if m.Path == "github.com/btcsuite/btcd" {
+					version = m.Version
+				}
+			}
+		}
+		cmd := exec.Command("go", "install", "github.com/btcsuite/btcd@"+version)
+		cmd.Env = append(os.Environ(), "GOBIN="+bin)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("no btcd on PATH, and go install github.com/btcsuite/btcd@%s failed: %v\n%s", version, err, out)
+		}
+	}
+	return os.Setenv("PATH", bin+string(os.PathListSeparator)+os.Getenv("PATH"))
+}
+
+// Stop stops the node and removes its data.
+func (n *Node) Stop() error { return n.H.TearDown() }
+
+// freeAddresses returns two listening addresses on ports the kernel has
+// free now.
+func freeAddresses() (string, string) {
+	port := func() string {
+		l, err := net.Listen("tcp4", "127.0.0.1:0")
+		if err != nil {
+			panic(fmt.Sprintf("devnode: no free port: %v", err))
+		}
+		defer l.Close()
+		return l.Addr().String()
+	}
+	return port(), port()
+}
+
+// Output is a payment of sats to an address.
+type Output struct {
+	Address string
+	Sats    int64
+}
+
+// Pay sends one transaction from the wallet paying the outputs, in this
+// order (to the mempool; the next block mines it), and returns its id.
+func (n *Node) Pay(outputs ...Output) (string, error) {
+	outs := make([]*wire.TxOut, 0, len(outputs))
+	for _, o := range outputs {
+		addr, err := btcutil.DecodeAddress(o.Address, Params)
+		if err != nil {
+			return "", fmt.Errorf("address %q: %w", o.Address, err)
+		}
+		script, err := txscript.PayToAddrScript(addr)
+		if err != nil {
+			return "", err
+		}
+		outs = append(outs, wire.NewTxOut(o.Sats, script))
+	}
+	txid, err := n.H.SendOutputs(outs, 10)
+	if err != nil {
+		return "", fmt.Errorf("pay: %w", err)
+	}
+	return txid.String(), nil
+}
+
+// Mine seals k blocks.
+func (n *Node) Mine(k int) error {
+	_, err := n.H.Client.Generate(uint32(k))
+	return err
+}
