@@ -330,7 +330,7 @@ func devDatabase(ctx context.Context, e *env) (dsn, note string, cleanup func(),
 }
 
 // refuseServingDatabase refuses a database that holds anything of a
-// network other than devnet: PAYWATCH_DATABASE_URL set for a real daemon
+// network other than dev's own (devnet, devbtc): PAYWATCH_DATABASE_URL set for a real daemon
 // in the same shell must not get a development chain, its demo orders and
 // its migrations.
 func refuseServingDatabase(ctx context.Context, dsn string) error {
@@ -343,8 +343,8 @@ func refuseServingDatabase(ctx context.Context, dsn string) error {
 	defer cancel()
 	var other sql.NullString
 	err = db.QueryRowContext(ctx, `SELECT CASE WHEN to_regclass('orders') IS NULL THEN NULL
-		ELSE (SELECT min(network) FROM (SELECT network FROM orders WHERE network <> 'devnet'
-			UNION ALL SELECT network FROM chain_cursors WHERE network <> 'devnet') x) END`).Scan(&other)
+		ELSE (SELECT min(network) FROM (SELECT network FROM orders WHERE network NOT IN ('devnet', 'devbtc')
+			UNION ALL SELECT network FROM chain_cursors WHERE network NOT IN ('devnet', 'devbtc')) x) END`).Scan(&other)
 	var pqErr *pq.Error
 	if errors.As(err, &pqErr) && pqErr.Code == "3D000" { // no such database yet: it will be made
 		return nil

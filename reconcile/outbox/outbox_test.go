@@ -1,6 +1,7 @@
 package outbox_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"io"
@@ -604,5 +605,34 @@ func TestRefusedOnceIsRetried(t *testing.T) {
 	c := statusCounts(t, db)
 	if c[outbox.StatusRefused] > 0 || c[outbox.StatusDelivered] != 4 {
 		t.Fatalf("after the resolver recovered: %v; receiver got %v (the refused events are never retried)", c, rcv.types)
+	}
+}
+
+// A token or password in the webhook URL shows nowhere: not in the
+// attempt log, the delivery's last error, nor the logs.
+func TestURLSecretsStayOutOfErrorsAndLogs(t *testing.T) {
+	db := pgtest.New(t)
+	openOrders(t, newOrders(t, db), 1)
+	var logs bytes.Buffer
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	for _, allowPrivate := range []bool{true, false} {
+		pgtest.Exec(t, db, `UPDATE webhook_outbox SET status = 'pending', next_attempt_at = now() - interval '1 hour', retry_from = now()`)
+		snd := newSender(db, "http://user:hunter2@127.0.0.1:1/hook?token=SECRET_TOKEN", allowPrivate, log)
+		if _, err := snd.Round(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var texts []string
+	if err := db.Select(&texts, `SELECT coalesce(error, '') || ' ' || url FROM webhook_attempts
+		UNION ALL SELECT coalesce(last_error, '') FROM webhook_outbox`); err != nil {
+		t.Fatal(err)
+	}
+	if len(texts) < 2 {
+		t.Fatalf("no attempts recorded: %v", texts)
+	}
+	for _, s := range append(texts, logs.String()) {
+		if strings.Contains(s, "SECRET_TOKEN") || strings.Contains(s, "hunter2") {
+			t.Errorf("secret leaked: %s", s)
+		}
 	}
 }

@@ -272,7 +272,7 @@ func (s *Sender) post(ctx context.Context, e event) attempt {
 	a := attempt{at: s.now()}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.url, bytes.NewReader([]byte(e.Body)))
 	if err != nil {
-		a.err = err.Error()
+		a.err = "cannot make a request to " + redactURL(s.url)
 		return a
 	}
 	req.Header.Set("Content-Type", "application/json")
@@ -283,7 +283,11 @@ func (s *Sender) post(ctx context.Context, e event) attempt {
 	a.latency = time.Since(start)
 	if err != nil {
 		a.refused = errors.Is(err, ErrRefused)
-		a.err = truncate(err.Error())
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			ue.URL = redactURL(s.url) // the error would show the query (a token, maybe)
+		}
+		a.err = truncate(strings.ReplaceAll(err.Error(), s.url, redactURL(s.url)))
 		return a
 	}
 	defer resp.Body.Close()

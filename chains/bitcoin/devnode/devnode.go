@@ -12,6 +12,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime/debug"
+	"strings"
+	"syscall"
 	"sync"
 
 	"github.com/btcsuite/btcd/btcutil"
@@ -42,7 +44,8 @@ type Node struct {
 func Start(coins bool) (*Node, error) {
 	setUp.Lock()
 	defer setUp.Unlock()
-	if err := ensureBtcd(); err != nil {
+	btcd, err := btcdPath()
+	if err != nil {
 		return nil, err
 	}
 	// rpctest's own ports count up from 8333 in every process: several
@@ -54,7 +57,7 @@ func Start(coins bool) (*Node, error) {
 		mature = 30
 	}
 	for attempt := 1; ; attempt++ {
-		h, err := rpctest.New(Params, nil, []string{"--txindex"}, "")
+		h, err := rpctest.New(Params, nil, []string{"--txindex"}, btcd)
 		if err != nil {
 			return nil, fmt.Errorf("btcd: %w", err)
 		}
@@ -69,36 +72,69 @@ func Start(coins bool) (*Node, error) {
 	}
 }
 
-// ensureBtcd makes sure a btcd can be run. rpctest builds btcd from the
-// module containing the working directory; outside it, that fails and
-// rpctest runs "btcd" from PATH. So when there is none on PATH, the btcd
-// version this binary was built with is installed (go install, from the
-// module proxy) into the user's cache directory, which goes on PATH.
-func ensureBtcd() error {
-	if _, err := exec.LookPath("btcd"); err == nil {
-		return nil
+// btcdPath returns a btcd to run: one on PATH, else the version this
+// binary was built with, built (from this module) or installed (from the
+// module proxy) once into a directory of the user's cache that only the
+// user can write, never into a shared temporary directory where another
+// user could swap it.
+func btcdPath() (string, error) {
+	if p, err := exec.LookPath("btcd"); err == nil {
+		return p, nil
 	}
 	cache, err := os.UserCacheDir()
 	if err != nil {
-		cache = os.TempDir()
+		return "", fmt.Errorf("no btcd on PATH, and no cache directory to build one into: %w", err)
 	}
-	bin := filepath.Join(cache, "paywatch", "bin")
-	if _, err := os.Stat(filepath.Join(bin, "btcd")); err != nil {
-		version := "latest"
-		if info, ok := debug.ReadBuildInfo(); ok {
-			for _, m := range info.Deps {
-				if m.Path == "github.com/btcsuite/btcd" {
-					version = m.Version
-				}
+	dir := filepath.Join(cache, "paywatch", "bin")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", err
+	}
+	if fi, err := os.Stat(dir); err != nil || fi.Mode().Perm()&0o022 != 0 || !ownedByMe(fi) {
+		return "", fmt.Errorf("%s must be a directory only you can write to", dir)
+	}
+	version := ""
+	if info, ok := debug.ReadBuildInfo(); ok {
+		for _, m := range info.Deps {
+			if m.Path == "github.com/btcsuite/btcd" {
+				version = m.Version
 			}
 		}
-		cmd := exec.Command("go", "install", "github.com/btcsuite/btcd@"+version)
-		cmd.Env = append(os.Environ(), "GOBIN="+bin)
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return fmt.Errorf("no btcd on PATH, and go install github.com/btcsuite/btcd@%s failed: %v\n%s", version, err, out)
+	}
+	if version == "" { // a test binary: ask the module
+		out, err := exec.Command("go", "list", "-m", "-f", "{{.Version}}", "github.com/btcsuite/btcd").Output()
+		if err != nil {
+			return "", fmt.Errorf("no btcd on PATH, and no btcd version known to build: %w", err)
+		}
+		version = strings.TrimSpace(string(out))
+	}
+	bin := filepath.Join(dir, "btcd-"+version)
+	if _, err := os.Stat(bin); err == nil {
+		return bin, nil
+	}
+	build := exec.Command("go", "build", "-o", bin, "github.com/btcsuite/btcd")
+	if out, err := build.CombinedOutput(); err != nil {
+		// Outside this module: install the same version from the proxy.
+		install := exec.Command("go", "install", "github.com/btcsuite/btcd@"+version)
+		tmp, terr := os.MkdirTemp(dir, "install-")
+		if terr != nil {
+			return "", terr
+		}
+		defer os.RemoveAll(tmp)
+		install.Env = append(os.Environ(), "GOBIN="+tmp)
+		if out2, err2 := install.CombinedOutput(); err2 != nil {
+			return "", fmt.Errorf("no btcd on PATH; go build failed (%v: %s) and go install github.com/btcsuite/btcd@%s failed: %v\n%s",
+				err, out, version, err2, out2)
+		}
+		if err := os.Rename(filepath.Join(tmp, "btcd"), bin); err != nil {
+			return "", err
 		}
 	}
-	return os.Setenv("PATH", bin+string(os.PathListSeparator)+os.Getenv("PATH"))
+	return bin, nil
+}
+
+func ownedByMe(fi os.FileInfo) bool {
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	return !ok || int(st.Uid) == os.Getuid()
 }
 
 // Stop stops the node and removes its data.

@@ -4,10 +4,13 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 func post(b *testing.B, client *http.Client, url, body string) {
@@ -78,4 +81,55 @@ func BenchmarkGetOrder(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "gets/s")
+}
+
+// BenchmarkGetOrder16 reads orders by id over 16 connections at once, as a
+// checkout page's traffic would, and reports the rate and the p50/p99
+// latency (README "Benchmarks": beside pgbench -S with 16 clients).
+func BenchmarkGetOrder16(b *testing.B) {
+	f := newFixture(b)
+	var ids []string
+	for i := 0; i < 100; i++ {
+		var o orderJSON
+		f.do("POST", "/v1/orders", storefrontKey, fmt.Sprintf(`{"external_id":"g-%d","network":"ethereum","asset":"USDT","amount":"1"}`, i)).decode(b, &o)
+		ids = append(ids, o.ID)
+	}
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16, MaxConnsPerHost: 16}}
+	var mu sync.Mutex
+	var lat []time.Duration
+	var n atomic.Int64
+	b.SetParallelism((16 + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0))
+	b.ResetTimer()
+	start := time.Now()
+	b.RunParallel(func(pb *testing.PB) {
+		var mine []time.Duration
+		for pb.Next() {
+			i := n.Add(1)
+			req, _ := http.NewRequest("GET", f.srv.URL+"/v1/orders/"+ids[int(i)%len(ids)], nil)
+			req.Header.Set("Authorization", "Bearer "+storefrontKey)
+			t0 := time.Now()
+			res, err := client.Do(req)
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			io.Copy(io.Discard, res.Body)
+			res.Body.Close()
+			mine = append(mine, time.Since(t0))
+			if res.StatusCode != 200 {
+				b.Errorf("status %d", res.StatusCode)
+				return
+			}
+		}
+		mu.Lock()
+		lat = append(lat, mine...)
+		mu.Unlock()
+	})
+	elapsed := time.Since(start)
+	slices.Sort(lat)
+	if len(lat) > 0 {
+		b.ReportMetric(float64(len(lat))/elapsed.Seconds(), "gets/s")
+		b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50-ms")
+		b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99-ms")
+	}
 }

@@ -90,9 +90,11 @@ func (s *Server) getOrder(w http.ResponseWriter, r *http.Request, _ *config.APIK
 		base := etag
 		// An order with no payment yet changes only by its own
 		// notifications; one with payments also with each block of its
-		// network (confirmations).
+		// network (confirmations), and so does one on a network whose
+		// mempool paywatch watches (a sighting can come back into view
+		// without a change of its own).
 		network := ""
-		if len(o.Transfers) > 0 {
+		if n := s.cfg.Network(o.Network); len(o.Transfers) > 0 || (n != nil && n.Family == paywatch.FamilyBitcoin) {
 			network = o.Network
 		}
 		changed, stop := s.changes.Subscribe(o.ID, network)
