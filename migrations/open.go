@@ -34,7 +34,10 @@ func Open(ctx context.Context, dsn string) (*sqlx.DB, error) {
 		return nil, fmt.Errorf("database URL: %w", err)
 	}
 	db.SetMaxOpenConns(MaxOpenConns)
-	db.SetMaxIdleConns(MaxOpenConns / 2)
+	// Keep every connection open while idle: under load, a pool that
+	// closes and reopens connections pays a TCP and authentication round
+	// trip in the latency tail.
+	db.SetMaxIdleConns(MaxOpenConns)
 	db.SetConnMaxIdleTime(5 * time.Minute)
 	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()

@@ -100,9 +100,11 @@ func serveCommand(ctx context.Context, e *env, args []string) error {
 
 // daemon is the running service: everything serve wires together.
 type daemon struct {
-	log      *slog.Logger
-	cfg      *config.Config
-	db       *sqlx.DB
+	log *slog.Logger
+	cfg *config.Config
+	db  *sqlx.DB
+	// control holds the leases' connections and serves probes and metrics.
+	control  *sqlx.DB
 	listener net.Listener
 	http     *http.Server
 	watchers []watcher
@@ -147,18 +149,30 @@ func newDaemon(ctx context.Context, log *slog.Logger, cfg *config.Config) (*daem
 	rec.Record = scans.Record
 	runner := reconcile.NewRunner(rec, cfg.ReconcilerSchedule, cfg.DatabaseURL, scan.NotifyChannel, log)
 	changes := orders.NewChanges(cfg.DatabaseURL, log)
-	m := metrics.New(db, log)
+	// Leases, probes and metrics get connections of their own: a burst of
+	// API requests, which may take every connection of the main pool,
+	// never holds them up (and leases, which keep a connection while
+	// held, take none from it).
+	control, err := migrations.Open(ctx, cfg.DatabaseURL)
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("connect to the database: %w", err)
+	}
+	control.SetMaxOpenConns(controlConns(cfg))
+	control.SetMaxIdleConns(controlConns(cfg))
+	m := metrics.New(control, log)
 	runner.Observe = m.Pass
 	op := reconcile.NewOperator(db)
 	op.Sealer = sealer
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		db.Close()
+		control.Close()
 		return nil, fmt.Errorf("listen on %s: %w", cfg.Listen, err)
 	}
 	apiServer := api.New(cfg, api.Deps{Orders: store, Chains: scans, Operator: op,
 		Ledger: ledger.NewBook(db), Webhooks: outbox.NewStore(db), Changes: changes, Nudge: runner.Nudge,
-		Metrics: m.Handler(), Schema: func(ctx context.Context) (int64, int64, error) { return migrations.Version(ctx, db.DB) }}, log)
+		Metrics: m.Handler(), Schema: func(ctx context.Context) (int64, int64, error) { return migrations.Version(ctx, control.DB) }}, log)
 	srv := &http.Server{
 		Handler:           apiServer.Handler(),
 		ReadHeaderTimeout: 10 * time.Second,
@@ -168,7 +182,7 @@ func newDaemon(ctx context.Context, log *slog.Logger, cfg *config.Config) (*daem
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 	srv.RegisterOnShutdown(apiServer.Drain)
-	d := &daemon{log: log, cfg: cfg, db: db, listener: ln, http: srv, store: store, reconciler: runner, changes: changes}
+	d := &daemon{log: log, cfg: cfg, db: db, control: control, listener: ln, http: srv, store: store, reconciler: runner, changes: changes}
 	if cfg.WebhookURL != "" {
 		d.sender = newSender(db, log, cfg)
 		d.sender.Metrics = m.Webhook
@@ -203,7 +217,7 @@ func (d *daemon) Run(ctx context.Context) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			err := scan.RunLeased(watchCtx, d.db, "scan:"+w.network.Name, leaseInterval, d.log, w.scanner.Run)
+			err := scan.RunLeased(watchCtx, d.control, "scan:"+w.network.Name, leaseInterval, d.log, w.scanner.Run)
 			if err != nil && watchCtx.Err() == nil {
 				d.log.Error("watcher stopped", "network", w.network.Name, "err", err)
 			}
@@ -214,7 +228,7 @@ func (d *daemon) Run(ctx context.Context) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			err := scan.RunLeased(watchCtx, d.db, "mempool:"+w.network.Name, leaseInterval, d.log, w.mempool.Run)
+			err := scan.RunLeased(watchCtx, d.control, "mempool:"+w.network.Name, leaseInterval, d.log, w.mempool.Run)
 			if err != nil && watchCtx.Err() == nil {
 				d.log.Error("mempool watcher stopped", "network", w.network.Name, "err", err)
 			}
@@ -234,7 +248,7 @@ func (d *daemon) Run(ctx context.Context) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			err := scan.RunLeased(watchCtx, d.db, "webhooks", leaseInterval, d.log, d.sender.Run)
+			err := scan.RunLeased(watchCtx, d.control, "webhooks", leaseInterval, d.log, d.sender.Run)
 			if err != nil && watchCtx.Err() == nil {
 				d.log.Error("webhook sender stopped", "err", err)
 			}
@@ -243,7 +257,7 @@ func (d *daemon) Run(ctx context.Context) error {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		err := scan.RunLeased(watchCtx, d.db, "reconcile", leaseInterval, d.log, d.reconciler.Run)
+		err := scan.RunLeased(watchCtx, d.control, "reconcile", leaseInterval, d.log, d.reconciler.Run)
 		if err != nil && watchCtx.Err() == nil {
 			d.log.Error("reconciler stopped", "err", err)
 		}
@@ -274,6 +288,22 @@ func (d *daemon) Close() {
 	}
 	d.listener.Close()
 	d.db.Close()
+	d.control.Close()
+}
+
+// controlConns is how many connections the control pool may hold: one per
+// lease this daemon may hold at once (a scanner per network, a mempool
+// watcher per Bitcoin network, the reconciler, the webhook sender), and
+// room for probes, metrics and the standby's lease attempts.
+func controlConns(cfg *config.Config) int {
+	n := 2 + 4
+	for _, net := range cfg.Networks {
+		n++
+		if net.Family == paywatch.FamilyBitcoin {
+			n++
+		}
+	}
+	return n
 }
 
 // newReconciler builds the reconciler the configuration describes.

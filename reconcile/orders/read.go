@@ -84,10 +84,49 @@ func (r *orderRow) order() (*paywatch.Order, error) {
 	return o, nil
 }
 
-// Get returns one order with its matched transfers.
+// Get returns one order with its matched transfers, through a statement
+// prepared once per connection (planning it again each time would cost
+// more than running it).
 func (s *Store) Get(ctx context.Context, id string) (*paywatch.Order, error) {
-	return getOrder(ctx, s.db, id)
+	if !pg.ValidText(id) {
+		return nil, paywatch.Errorf(paywatch.CodeNotFound, "no order %.80q", id)
+	}
+	stmt, err := s.getStatement(ctx)
+	if err != nil {
+		return getOrder(ctx, s.db, id)
+	}
+	var rows []orderWithTransfers
+	if err := stmt.SelectContext(ctx, &rows, id); err != nil {
+		return nil, fmt.Errorf("read order %s: %w", id, err)
+	}
+	return orderFrom(rows, id)
 }
+
+// getStatement prepares getOrderSQL once.
+func (s *Store) getStatement(ctx context.Context) (*sqlx.Stmt, error) {
+	s.stmtMu.Lock()
+	defer s.stmtMu.Unlock()
+	if s.getStmt == nil {
+		stmt, err := s.db.PreparexContext(ctx, getOrderSQL)
+		if err != nil {
+			return nil, err
+		}
+		s.getStmt = stmt
+	}
+	return s.getStmt, nil
+}
+
+type orderWithTransfers struct {
+	orderRow
+	Transfers string `db:"transfers_json"`
+}
+
+// getOrderSQL reads one order ($1) with its transfers, in one statement: a
+// read of an order is one round trip.
+var getOrderSQL = `SELECT ` + orderColumns + `,
+	(SELECT coalesce(json_agg(x ORDER BY x.state = 'mempool', x.block_number, x.first_seen_at, x.idx), '[]')::text
+	 FROM (` + transfersOf("o.id") + `) x) AS transfers_json
+	FROM orders o WHERE o.id = $1`
 
 // getOrder reads one order with its transfers through q (the database or
 // a transaction).
@@ -95,10 +134,14 @@ func getOrder(ctx context.Context, q sqlx.QueryerContext, id string) (*paywatch.
 	if !pg.ValidText(id) {
 		return nil, paywatch.Errorf(paywatch.CodeNotFound, "no order %.80q", id)
 	}
-	var rows []orderRow
-	if err := sqlx.SelectContext(ctx, q, &rows, `SELECT `+orderColumns+` FROM orders WHERE id = $1`, id); err != nil {
+	var rows []orderWithTransfers
+	if err := sqlx.SelectContext(ctx, q, &rows, getOrderSQL, id); err != nil {
 		return nil, fmt.Errorf("read order %s: %w", id, err)
 	}
+	return orderFrom(rows, id)
+}
+
+func orderFrom(rows []orderWithTransfers, id string) (*paywatch.Order, error) {
 	if len(rows) == 0 {
 		return nil, paywatch.Errorf(paywatch.CodeNotFound, "no order %q", id)
 	}
@@ -106,8 +149,19 @@ func getOrder(ctx context.Context, q sqlx.QueryerContext, id string) (*paywatch.
 	if err != nil {
 		return nil, err
 	}
-	if err := attachTransfers(ctx, q, []*paywatch.Order{o}); err != nil {
-		return nil, err
+	var trs []transferRow
+	if err := json.Unmarshal([]byte(rows[0].Transfers), &trs); err != nil {
+		return nil, fmt.Errorf("read transfers of %s: %w", id, err)
+	}
+	for i := range trs {
+		t, err := trs[i].transfer()
+		if err != nil {
+			return nil, err
+		}
+		o.Transfers = append(o.Transfers, t)
+		if t.State != paywatch.TransferOrphaned && t.State != paywatch.TransferMempool {
+			o.ReceivedAmount.Add(o.ReceivedAmount, t.Amount)
+		}
 	}
 	return o, nil
 }
@@ -157,22 +211,22 @@ func (s *Store) List(ctx context.Context, f Filter) ([]*paywatch.Order, string, 
 }
 
 type transferRow struct {
-	ID            string         `db:"id"`
-	OrderID       *string        `db:"order_id"`
-	Network       string         `db:"network"`
-	Asset         string         `db:"asset"`
-	AssetContract string         `db:"asset_contract"`
-	TxHash        string         `db:"tx_hash"`
-	Index         int64          `db:"idx"`
-	From          string         `db:"from_address"`
-	To            string         `db:"to_address"`
-	Amount        string         `db:"amount"`
-	BlockNumber   uint64         `db:"block_number"`
-	BlockHash     string         `db:"block_hash"`
-	State         string         `db:"state"`
-	Flags         pq.StringArray `db:"flags"`
-	FirstSeenAt   time.Time      `db:"first_seen_at"`
-	Confirmations uint64         `db:"confirmations"`
+	ID            string         `db:"id" json:"id"`
+	OrderID       *string        `db:"order_id" json:"order_id"`
+	Network       string         `db:"network" json:"network"`
+	Asset         string         `db:"asset" json:"asset"`
+	AssetContract string         `db:"asset_contract" json:"asset_contract"`
+	TxHash        string         `db:"tx_hash" json:"tx_hash"`
+	Index         int64          `db:"idx" json:"idx"`
+	From          string         `db:"from_address" json:"from_address"`
+	To            string         `db:"to_address" json:"to_address"`
+	Amount        string         `db:"amount" json:"amount"`
+	BlockNumber   uint64         `db:"block_number" json:"block_number"`
+	BlockHash     string         `db:"block_hash" json:"block_hash"`
+	State         string         `db:"state" json:"state"`
+	Flags         pq.StringArray `db:"flags" json:"flags"`
+	FirstSeenAt   time.Time      `db:"first_seen_at" json:"first_seen_at"`
+	Confirmations uint64         `db:"confirmations" json:"confirmations"`
 }
 
 // TransferColumns selects a transfer with its confirmations, computed from
@@ -209,6 +263,20 @@ func (r *transferRow) transfer() (paywatch.Transfer, error) {
 	return t, nil
 }
 
+// transfersOf selects the transfers matched to the orders whose id is
+// orderID (an SQL expression: "o.id", "ANY($1)"), and the mempool
+// sightings of theirs that no transfer in a block has replaced yet.
+func transfersOf(orderID string) string {
+	return `SELECT ` + TransferColumns + `
+		FROM transfers t LEFT JOIN chain_cursors c ON c.network = t.network
+		WHERE t.order_id = ` + orderID + `
+		UNION ALL
+		SELECT ` + mempoolColumns + `
+		FROM mempool_transfers m
+		WHERE m.order_id = ` + orderID + ` AND m.left_at IS NULL AND NOT EXISTS (SELECT 1 FROM transfers t
+			WHERE t.network = m.network AND t.tx_hash = m.tx_hash AND t.tx_key = m.tx_key AND t.state <> 'orphaned')`
+}
+
 // attachTransfers loads the matched transfers of a page of orders in one
 // query and sums what each order received.
 func attachTransfers(ctx context.Context, q sqlx.QueryerContext, orders []*paywatch.Order) error {
@@ -222,16 +290,8 @@ func attachTransfers(ctx context.Context, q sqlx.QueryerContext, orders []*paywa
 		ids[i] = o.ID
 	}
 	var rows []transferRow
-	if err := sqlx.SelectContext(ctx, q, &rows, `SELECT * FROM (
-		SELECT `+TransferColumns+`
-		FROM transfers t LEFT JOIN chain_cursors c ON c.network = t.network
-		WHERE t.order_id = ANY($1)
-		UNION ALL
-		SELECT `+mempoolColumns+`
-		FROM mempool_transfers m
-		WHERE m.order_id = ANY($1) AND m.left_at IS NULL AND NOT EXISTS (SELECT 1 FROM transfers t
-			WHERE t.network = m.network AND t.tx_hash = m.tx_hash AND t.tx_key = m.tx_key AND t.state <> 'orphaned')
-	) x ORDER BY state = 'mempool', block_number, first_seen_at, idx`, pq.Array(ids)); err != nil {
+	if err := sqlx.SelectContext(ctx, q, &rows, `SELECT * FROM (`+transfersOf("ANY($1)")+`) x
+		ORDER BY state = 'mempool', block_number, first_seen_at, idx`, pq.Array(ids)); err != nil {
 		return fmt.Errorf("read transfers of orders: %w", err)
 	}
 	for i := range rows {

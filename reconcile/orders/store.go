@@ -8,6 +8,7 @@ import (
 	"crypto/rand"
 	"fmt"
 	"math/big"
+	"sync"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -35,6 +36,9 @@ type Store struct {
 	Rand func(n int) int
 	// Sealer writes webhook bodies in the transactions that enqueue them.
 	Sealer *Sealer
+
+	stmtMu  sync.Mutex
+	getStmt *sqlx.Stmt
 }
 
 func (s *Store) rand(n int) (int, error) {
