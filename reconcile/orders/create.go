@@ -121,6 +121,33 @@ func (s *Store) replay(ctx context.Context, req *CreateRequest, hash []byte) (*p
 }
 
 func (s *Store) insert(ctx context.Context, req *CreateRequest, hash []byte) (string, error) {
+	// With several shared addresses, a first attempt takes whichever
+	// address is free right now; if every one is busy, a second waits for
+	// one address drawn at random; if that one has no free amount, a third
+	// waits for each in turn (see chooseSlot).
+	if len(req.Asset.Addresses) < 2 {
+		return s.insertOnce(ctx, req, hash, lockAll)
+	}
+	id, err := s.insertOnce(ctx, req, hash, lockFree)
+	if errors.Is(err, errAddressesBusy) {
+		id, err = s.insertOnce(ctx, req, hash, lockOne)
+	}
+	if errors.Is(err, errAddressesBusy) {
+		id, err = s.insertOnce(ctx, req, hash, lockAll)
+	}
+	return id, err
+}
+
+// How chooseSlot takes the addresses' locks.
+type lockMode int
+
+const (
+	lockAll  lockMode = iota // wait for each address in the configured order
+	lockFree                 // only addresses free now, from a random one on
+	lockOne                  // wait for one address drawn at random
+)
+
+func (s *Store) insertOnce(ctx context.Context, req *CreateRequest, hash []byte, mode lockMode) (string, error) {
 	id := paywatch.NewID("ord")
 	now := s.now()
 	expires := now.Add(req.ExpiresIn)
@@ -141,7 +168,7 @@ func (s *Store) insert(ctx context.Context, req *CreateRequest, hash []byte) (st
 		switch a.Mode {
 		case paywatch.ModeShared:
 			var err error
-			if slot, err = s.chooseSlot(ctx, tx, a, req.Amount, now); err != nil {
+			if slot, err = s.chooseSlot(ctx, tx, a, req.Amount, now, mode); err != nil {
 				return err
 			}
 			o.PayAddress, o.PayAmount, o.UniqueK = slot.address, slot.payAmount.String(), &slot.k
@@ -229,18 +256,50 @@ type slotChoice struct {
 	payAmount *big.Int
 }
 
-// chooseSlot finds, for the first shared address that has one, a k whose
-// pay amount (amount + k × step) no order holds. k is drawn uniformly at
-// random among the free ones (Store.Rand), never the smallest: a customer who saw
-// someone else's payment of some amount waiting to be mined must not be
-// able to create an order whose pay amount is exactly that. A
-// transaction-scoped advisory lock per (network, asset, address) makes
-// concurrent creations wait for each other instead of retrying; the primary
-// key of amount_slots is what guarantees uniqueness.
-func (s *Store) chooseSlot(ctx context.Context, tx *sqlx.Tx, a *paywatch.Asset, amount *big.Int, now time.Time) (*slotChoice, error) {
-	for _, addr := range a.Addresses {
-		if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`,
-			"paywatch:slot:"+a.Network+":"+a.Symbol+":"+addr); err != nil {
+// errAddressesBusy: no address chooseSlot could lock (lockFree), or the
+// one it waited for (lockOne), has a free amount; try the next mode.
+var errAddressesBusy = errors.New("every shared address is busy")
+
+// chooseSlot finds, for a shared address that has one, a k whose pay
+// amount (amount + k × step) no order holds. k is drawn uniformly at
+// random among the free ones (Store.Rand), never the smallest: a customer
+// who saw someone else's payment of some amount waiting to be mined must
+// not be able to create an order whose pay amount is exactly that.
+//
+// A transaction-scoped advisory lock per (network, asset, address)
+// serialises the creations on one address (the primary key of
+// amount_slots is what guarantees uniqueness). With lockFree, the
+// addresses are tried from a random one on, each with a lock that does not
+// wait: concurrent creations spread over the addresses. With lockOne, a
+// new transaction waits for one address drawn at random, holding nothing
+// else; with lockAll, one waits for each address in the configured order.
+// No transaction ever waits while holding a lock taken out of that order:
+// creations cannot deadlock.
+func (s *Store) chooseSlot(ctx context.Context, tx *sqlx.Tx, a *paywatch.Asset, amount *big.Int, now time.Time, mode lockMode) (*slotChoice, error) {
+	addrs := a.Addresses
+	if mode != lockAll {
+		start, err := s.rand(len(addrs))
+		if err != nil {
+			return nil, err
+		}
+		addrs = append(append([]string{}, addrs[start:]...), addrs[:start]...)
+		if mode == lockOne {
+			addrs = addrs[:1]
+		}
+	}
+	busy := 0
+	for _, addr := range addrs {
+		key := "paywatch:slot:" + a.Network + ":" + a.Symbol + ":" + addr
+		if mode == lockFree {
+			var got bool
+			if err := tx.GetContext(ctx, &got, `SELECT pg_try_advisory_xact_lock(hashtextextended($1, 0))`, key); err != nil {
+				return nil, fmt.Errorf("lock amount slots: %w", err)
+			}
+			if !got {
+				busy++
+				continue
+			}
+		} else if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, key); err != nil {
 			return nil, fmt.Errorf("lock amount slots: %w", err)
 		}
 		k, err := freeSlot(ctx, tx, a, addr, amount, now, s.rand)
@@ -253,6 +312,9 @@ func (s *Store) chooseSlot(ctx context.Context, tx *sqlx.Tx, a *paywatch.Asset, 
 		pay := new(big.Int).Mul(big.NewInt(int64(k)), a.UniqueStep)
 		pay.Add(pay, amount)
 		return &slotChoice{address: addr, k: k, payAmount: pay}, nil
+	}
+	if busy > 0 || mode == lockOne {
+		return nil, errAddressesBusy
 	}
 	return nil, paywatch.Errorf(paywatch.CodeNoUniqueAmount,
 		"all %d unique pay amounts for %s %s on %s are held by other orders; try again later or with another amount",

@@ -461,3 +461,53 @@ func TestPayAmountsAreDrawnAtRandom(t *testing.T) {
 		t.Fatal("the increments are the smallest free ones, in order")
 	}
 }
+
+// Several shared addresses spread concurrent creations: 300 at once, with
+// real random draws over 4 addresses and few slots, never hand out one
+// (address, pay amount) twice, never deadlock, and use every address.
+func TestConcurrentCreatesOverSeveralAddresses(t *testing.T) {
+	db := pgtest.New(t)
+	f := reconciletest.NewFixtures()
+	f.USDT.Addresses = []string{reconciletest.Shop, "0x2222222222222222222222222222222222222222",
+		"0x3333333333333333333333333333333333333333", "0x4444444444444444444444444444444444444444"}
+	f.USDT.UniqueSlots = 100
+	s := orders.NewStore(db, 24*time.Hour, reconciletest.Wallets(t))
+	const n = 300
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, _, err := s.Create(context.Background(), orders.CreateRequest{ExternalID: fmt.Sprintf("spread-%d", i),
+				Network: f.Ethereum, Asset: f.USDT, Amount: big.NewInt(7_000_000), ExpiresIn: time.Hour, Actor: "shop"})
+			if err != nil {
+				errs <- err
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	var rows []struct {
+		Address string `db:"pay_address"`
+		N       int    `db:"n"`
+		Amounts int    `db:"amounts"`
+	}
+	if err := db.Select(&rows, `SELECT pay_address, count(*) AS n, count(DISTINCT pay_amount) AS amounts
+		FROM orders GROUP BY pay_address`); err != nil {
+		t.Fatal(err)
+	}
+	total := 0
+	for _, r := range rows {
+		if r.N != r.Amounts {
+			t.Fatalf("address %s: %d orders but %d distinct pay amounts", r.Address, r.N, r.Amounts)
+		}
+		total += r.N
+	}
+	if len(rows) != 4 || total != n {
+		t.Fatalf("orders per address %+v, want %d over 4 addresses", rows, n)
+	}
+}

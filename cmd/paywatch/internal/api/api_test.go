@@ -76,8 +76,14 @@ type fixture struct {
 
 func newFixture(t testing.TB) *fixture {
 	t.Helper()
+	return newFixtureWith(t, testConfig)
+}
+
+// newFixtureWith serves the API configured by doc over a fresh database.
+func newFixtureWith(t testing.TB, doc string) *fixture {
+	t.Helper()
 	db := pgtest.New(t)
-	cfg, err := config.Parse([]byte(testConfig), func(k string) string {
+	cfg, err := config.Parse([]byte(doc), func(k string) string {
 		return map[string]string{"DB": "unused", "SF_KEY": storefrontKey, "OP_KEY": operatorKey}[k]
 	})
 	if err != nil {

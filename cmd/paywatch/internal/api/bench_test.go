@@ -133,3 +133,53 @@ func BenchmarkGetOrder16(b *testing.B) {
 		b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99-ms")
 	}
 }
+
+// BenchmarkCreate1000 creates 1,000 orders at once from 50 clients, on one
+// shared address and on four, and reports the rate and the p50/p99
+// latency of a creation (README "Benchmarks"). Run it with -benchtime 1x.
+func BenchmarkCreate1000(b *testing.B) {
+	four := `receive: {addresses: ["0x1111111111111111111111111111111111111111", "0x3333333333333333333333333333333333333333",
+          "0x4444444444444444444444444444444444444444", "0x5555555555555555555555555555555555555555"]}`
+	for _, c := range []struct {
+		name string
+		doc  string
+	}{
+		{"addresses=1", testConfig},
+		{"addresses=4", strings.Replace(testConfig, `receive: {addresses: ["0x1111111111111111111111111111111111111111"]}`, four, 1)},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			for b.Loop() {
+				b.StopTimer()
+				f := newFixtureWith(b, c.doc)
+				client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 50, MaxConnsPerHost: 50}}
+				lat := make([]time.Duration, 1000)
+				var next atomic.Int64
+				var wg sync.WaitGroup
+				b.StartTimer()
+				start := time.Now()
+				for range 50 {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						for {
+							i := next.Add(1) - 1
+							if i >= int64(len(lat)) {
+								return
+							}
+							t0 := time.Now()
+							post(b, client, f.srv.URL+"/v1/orders", fmt.Sprintf(
+								`{"external_id":"c-%d","network":"ethereum","asset":"USDT","amount":"%d.50"}`, i, 10+i%20))
+							lat[i] = time.Since(t0)
+						}
+					}()
+				}
+				wg.Wait()
+				elapsed := time.Since(start)
+				slices.Sort(lat)
+				b.ReportMetric(float64(len(lat))/elapsed.Seconds(), "orders/s")
+				b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50-ms")
+				b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99-ms")
+			}
+		})
+	}
+}
