@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jmoiron/sqlx"
+	"github.com/lib/pq"
 
 	"github.com/paywatch/paywatch"
 	"github.com/paywatch/paywatch/migrations/pg"
@@ -43,26 +44,57 @@ func (s *Sealer) Seal(ctx context.Context, tx *sqlx.Tx) (int, error) {
 		WHERE body IS NULL AND status = 'pending' ORDER BY seq FOR UPDATE SKIP LOCKED`); err != nil {
 		return 0, fmt.Errorf("read unsealed webhook events: %w", err)
 	}
-	views := map[string]json.RawMessage{}
+	if len(rows) == 0 {
+		return 0, nil
+	}
+	// The orders in two statements and the bodies in one, however many
+	// events a transaction wrote (a pass may settle thousands of orders).
+	var ids []string
+	seen := map[string]bool{}
 	for _, r := range rows {
+		if !seen[r.OrderID] {
+			seen[r.OrderID] = true
+			ids = append(ids, r.OrderID)
+		}
+	}
+	var orows []orderRow
+	if err := tx.SelectContext(ctx, &orows, `SELECT `+orderColumns+` FROM orders WHERE id = ANY($1)`, pq.Array(ids)); err != nil {
+		return 0, fmt.Errorf("read orders of webhook events: %w", err)
+	}
+	list := make([]*paywatch.Order, len(orows))
+	for i := range orows {
+		o, err := orows[i].order()
+		if err != nil {
+			return 0, err
+		}
+		list[i] = o
+	}
+	if err := attachTransfers(ctx, tx, list); err != nil {
+		return 0, err
+	}
+	views := make(map[string]json.RawMessage, len(list))
+	for _, o := range list {
+		view, err := json.Marshal(NewView(o, s.networks[o.Network]))
+		if err != nil {
+			return 0, fmt.Errorf("render order %s: %w", o.ID, err)
+		}
+		views[o.ID] = view
+	}
+	eventIDs, bodies := make([]string, len(rows)), make([]string, len(rows))
+	for i, r := range rows {
 		view, ok := views[r.OrderID]
 		if !ok {
-			o, err := getOrder(ctx, tx, r.OrderID)
-			if err != nil {
-				return 0, fmt.Errorf("seal webhook %s: %w", r.ID, err)
-			}
-			if view, err = json.Marshal(NewView(o, s.networks[o.Network])); err != nil {
-				return 0, fmt.Errorf("seal webhook %s: %w", r.ID, err)
-			}
-			views[r.OrderID] = view
+			return 0, fmt.Errorf("seal webhook %s: order %s not found", r.ID, r.OrderID)
 		}
 		body, err := json.Marshal(webhook.Event{ID: r.ID, Type: r.Type, CreatedAt: r.CreatedAt.UTC(), Order: view})
 		if err != nil {
 			return 0, fmt.Errorf("seal webhook %s: %w", r.ID, err)
 		}
-		if _, err := tx.ExecContext(ctx, `UPDATE webhook_outbox SET body = $2 WHERE id = $1`, r.ID, string(body)); err != nil {
-			return 0, fmt.Errorf("seal webhook %s: %w", r.ID, err)
-		}
+		eventIDs[i], bodies[i] = r.ID, string(body)
+	}
+	if _, err := tx.ExecContext(ctx, `UPDATE webhook_outbox w SET body = u.body
+		FROM unnest($1::text[], $2::text[]) AS u(id, body) WHERE w.id = u.id`, pq.Array(eventIDs), pq.Array(bodies)); err != nil {
+		return 0, fmt.Errorf("seal %d webhook events: %w", len(rows), err)
 	}
 	return len(rows), nil
 }
