@@ -397,6 +397,9 @@ type Status struct {
 	UpdatedAt  time.Time `db:"updated_at"`
 }
 
+// Ping checks that the database answers.
+func (s *Store) Ping(ctx context.Context) error { return s.db.PingContext(ctx) }
+
 // Statuses returns the scanners' state by network name.
 func (s *Store) Statuses(ctx context.Context) (map[string]Status, error) {
 	var rows []Status

@@ -171,7 +171,7 @@ func newDaemon(ctx context.Context, log *slog.Logger, cfg *config.Config) (*daem
 		return nil, fmt.Errorf("listen on %s: %w", cfg.Listen, err)
 	}
 	apiServer := api.New(cfg, api.Deps{Orders: store, Chains: scans, Operator: op,
-		Ledger: ledger.NewBook(db), Webhooks: outbox.NewStore(db), Changes: changes, Nudge: runner.Nudge,
+		Ledger: ledger.NewBook(db), Webhooks: outbox.NewStore(db), Changes: changes, Nudge: runner.Nudge, Probes: scan.NewStore(control),
 		Metrics: m.Handler(), Schema: func(ctx context.Context) (int64, int64, error) { return migrations.Version(ctx, control.DB) }}, log)
 	srv := &http.Server{
 		Handler:           apiServer.Handler(),

@@ -60,6 +60,12 @@ type Ledger interface {
 
 var _ Ledger = (*ledger.Book)(nil)
 
+// Probes is what the health and readiness probes read.
+type Probes interface {
+	Statuses(ctx context.Context) (map[string]scan.Status, error)
+	Ping(ctx context.Context) error
+}
+
 // Webhooks reads deliveries and queues events again.
 type Webhooks interface {
 	Deliveries(ctx context.Context, f outbox.Filter) ([]outbox.Delivery, string, error)
@@ -79,6 +85,9 @@ type Deps struct {
 	Changes Changes
 	// Metrics serves GET /metrics; may be nil.
 	Metrics http.Handler
+	// Probes answer /healthz and /readyz through connections API load
+	// cannot take (the daemon's control pool); nil: Chains and Orders.
+	Probes Probes
 	// Schema tells the database's schema version and the newest this
 	// binary knows (for /readyz); may be nil.
 	Schema func(ctx context.Context) (current, latest int64, err error)
@@ -96,6 +105,7 @@ type Server struct {
 	ledger   Ledger
 	webhooks Webhooks
 	changes  Changes
+	probes   Probes
 	metrics  http.Handler
 	schema   func(ctx context.Context) (current, latest int64, err error)
 	// waiting counts long-polls in progress.
@@ -114,7 +124,7 @@ func New(cfg *config.Config, d Deps, log *slog.Logger) *Server {
 	if nudge == nil {
 		nudge = func() {}
 	}
-	return &Server{cfg: cfg, store: d.Orders, chains: d.Chains, ops: d.Operator, ledger: d.Ledger, webhooks: d.Webhooks, changes: d.Changes, metrics: d.Metrics, schema: d.Schema, draining: make(chan struct{}), nudge: nudge,
+	return &Server{cfg: cfg, store: d.Orders, chains: d.Chains, ops: d.Operator, ledger: d.Ledger, webhooks: d.Webhooks, changes: d.Changes, probes: d.Probes, metrics: d.Metrics, schema: d.Schema, draining: make(chan struct{}), nudge: nudge,
 		keys: newKeyring(cfg.APIKeys), log: log}
 }
 
@@ -169,7 +179,9 @@ type handlerFunc func(w http.ResponseWriter, r *http.Request, caller *config.API
 // healthz answers 200 while the process works and 503 when a network's
 // scanner halted on a reorg too deep to handle: that needs a person.
 func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
-	statuses, err := s.chains.Statuses(r.Context())
+	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	defer cancel()
+	statuses, err := s.probeStatuses(ctx)
 	if err != nil {
 		writeJSON(w, http.StatusOK, map[string]any{"status": "ok", "networks": "unknown: database unavailable"})
 		return
@@ -190,7 +202,7 @@ func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
-	if err := s.store.Ping(ctx); err != nil {
+	if err := s.probePing(ctx); err != nil {
 		s.log.Warn("readiness check failed", "err", err)
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "database unavailable"})
 		return
@@ -209,6 +221,20 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+}
+
+func (s *Server) probeStatuses(ctx context.Context) (map[string]scan.Status, error) {
+	if s.probes != nil {
+		return s.probes.Statuses(ctx)
+	}
+	return s.chains.Statuses(ctx)
+}
+
+func (s *Server) probePing(ctx context.Context) error {
+	if s.probes != nil {
+		return s.probes.Ping(ctx)
+	}
+	return s.store.Ping(ctx)
 }
 
 type statusRecorder struct {

@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -483,5 +484,46 @@ func TestWebhookEndpointsETagAndMetrics(t *testing.T) {
 	}
 	if res := f.do("GET", "/metrics", "", ""); res.status != 200 || !strings.Contains(string(res.body), "go_goroutines") {
 		t.Fatalf("metrics: %d", res.status)
+	}
+}
+
+// The probes answer through a pool of their own: with every connection of
+// the API's pool taken (a burst of requests), /healthz, /readyz and
+// /metrics still answer at once.
+func TestProbesAnswerWhileTheAPIPoolIsExhausted(t *testing.T) {
+	db, url := pgtest.NewWithURL(t)
+	control, err := migrations.Open(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer control.Close()
+	cfg, err := config.Parse([]byte(testConfig), func(k string) string {
+		return map[string]string{"DB": "unused", "SF_KEY": storefrontKey, "OP_KEY": operatorKey}[k]
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	db.SetMaxOpenConns(1)
+	held, err := db.Conn(context.Background()) // the API pool's only connection, taken
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	wallets, _ := bitcoin.NewWallets(cfg.Networks)
+	srv := httptest.NewServer(api.New(cfg, api.Deps{Orders: orders.NewStore(db, time.Hour, wallets), Chains: scan.NewStore(db),
+		Probes: scan.NewStore(control), Metrics: promhttp.Handler(),
+		Schema: func(ctx context.Context) (int64, int64, error) { return migrations.Version(ctx, control.DB) }},
+		slog.New(slog.NewTextHandler(io.Discard, nil))).Handler())
+	defer srv.Close()
+	for _, path := range []string{"/healthz", "/readyz", "/metrics"} {
+		start := time.Now()
+		res, err := http.Get(srv.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		if res.StatusCode != 200 || time.Since(start) > time.Second {
+			t.Fatalf("%s answered %d after %s with the API pool exhausted", path, res.StatusCode, time.Since(start))
+		}
 	}
 }
