@@ -208,7 +208,10 @@ WITH cand AS (
 	DELETE FROM order_reviews r WHERE r.order_id IN (SELECT id FROM locked)
 )
 SELECT c.id, ` + factsSelect + `
-FROM cand c LEFT JOIN locked l ON l.id = c.id LEFT JOIN transfers t ON t.order_id = l.id
+FROM cand c LEFT JOIN locked l ON l.id = c.id
+-- LATERAL: each order's transfers through the order_id index, never a
+-- hash of every transfer (which grows with the history).
+LEFT JOIN LATERAL (SELECT * FROM transfers t WHERE t.order_id = l.id) t ON true
 GROUP BY c.id, ` + factsGroup + `
 ORDER BY c.id`
 
@@ -218,7 +221,7 @@ var allFacts = `
 SELECT l.id, ` + factsSelect + `
 FROM (SELECT ` + orderFacts + ` FROM orders o WHERE o.status NOT IN ('cancelled', 'refunded') AND o.id > $1
 	ORDER BY o.id LIMIT $2) l
-LEFT JOIN transfers t ON t.order_id = l.id
+LEFT JOIN LATERAL (SELECT * FROM transfers t WHERE t.order_id = l.id) t ON true
 GROUP BY ` + factsGroup + `
 ORDER BY l.id`
 
