@@ -223,6 +223,60 @@ func query(params map[string]string) string {
 	return "?" + q.Encode()
 }
 
+// listFlag is a filter of a list command: --name sets the query
+// parameter param to the flag's text or, for a switch (value set), to
+// value.
+type listFlag struct {
+	name, param, value, help string
+}
+
+// listCommand runs a list subcommand: its filters, --limit and --cursor,
+// one page of path as a table of header and row, and where the next page
+// starts.
+func listCommand(ctx context.Context, e *env, args []string, name, path, items string, flags []listFlag,
+	header []string, row func(map[string]any) []string) error {
+	texts := make([]string, len(flags))
+	switches := make([]bool, len(flags))
+	var limit, cursor string
+	c, pos, err := opFlags(e, name, args, func(fs *flag.FlagSet) {
+		for i, f := range flags {
+			if f.value != "" {
+				fs.BoolVar(&switches[i], f.name, false, f.help)
+			} else {
+				fs.StringVar(&texts[i], f.name, "", f.help)
+			}
+		}
+		fs.StringVar(&limit, "limit", "", items+" per page (1-500, default 50)")
+		fs.StringVar(&cursor, "cursor", "", "where the page starts (from a previous page)")
+	})
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return usageError{fmt.Errorf("unexpected arguments: %v", pos)}
+	}
+	params := map[string]string{"limit": limit, "cursor": cursor}
+	for i, f := range flags {
+		switch {
+		case f.value == "":
+			params[f.param] = texts[i]
+		case switches[i]:
+			params[f.param] = f.value
+		}
+	}
+	var p page
+	if err := c.call(ctx, "GET", path+query(params), nil, &p); err != nil || c.json {
+		return err
+	}
+	rows := make([][]string, len(p.Data))
+	for i, item := range p.Data {
+		rows[i] = row(item)
+	}
+	c.table(header, rows)
+	c.next(p.NextCursor)
+	return nil
+}
+
 func ordersCommand(ctx context.Context, e *env, args []string) error {
 	sub, args := subcommand(args)
 	if helpAsked(e, sub) {
@@ -230,33 +284,15 @@ func ordersCommand(ctx context.Context, e *env, args []string) error {
 	}
 	switch sub {
 	case "list":
-		var status, network, ext, limit, cursor string
-		c, pos, err := opFlags(e, "orders list", args, func(fs *flag.FlagSet) {
-			fs.StringVar(&status, "status", "", "only orders with this status")
-			fs.StringVar(&network, "network", "", "only orders on this network")
-			fs.StringVar(&ext, "external-id", "", "the order with this external id")
-			fs.StringVar(&limit, "limit", "", "orders per page (1-500, default 50)")
-			fs.StringVar(&cursor, "cursor", "", "where the page starts (from a previous page)")
-		})
-		if err != nil {
-			return err
-		}
-		if len(pos) > 0 {
-			return usageError{fmt.Errorf("unexpected arguments: %v", pos)}
-		}
-		var p page
-		if err := c.call(ctx, "GET", "/v1/orders"+query(map[string]string{"status": status, "network": network,
-			"external_id": ext, "limit": limit, "cursor": cursor}), nil, &p); err != nil || c.json {
-			return err
-		}
-		rows := make([][]string, len(p.Data))
-		for i, o := range p.Data {
-			rows[i] = []string{str(o["id"]), str(o["external_id"]), str(o["status"]), str(o["dispute_reason"]),
-				str(o["network"]), str(o["asset"]), str(o["pay_amount"]), str(o["received_amount"]), when(o["created_at"])}
-		}
-		c.table([]string{"ID", "EXTERNAL ID", "STATUS", "REASON", "NETWORK", "ASSET", "PAY", "RECEIVED", "CREATED"}, rows)
-		c.next(p.NextCursor)
-		return nil
+		return listCommand(ctx, e, args, "orders list", "/v1/orders", "orders", []listFlag{
+			{name: "status", param: "status", help: "only orders with this status"},
+			{name: "network", param: "network", help: "only orders on this network"},
+			{name: "external-id", param: "external_id", help: "the order with this external id"},
+		}, []string{"ID", "EXTERNAL ID", "STATUS", "REASON", "NETWORK", "ASSET", "PAY", "RECEIVED", "CREATED"},
+			func(o map[string]any) []string {
+				return []string{str(o["id"]), str(o["external_id"]), str(o["status"]), str(o["dispute_reason"]),
+					str(o["network"]), str(o["asset"]), str(o["pay_amount"]), str(o["received_amount"]), when(o["created_at"])}
+			})
 	case "show":
 		c, pos, err := opFlags(e, "orders show", args, nil)
 		if err != nil {
@@ -334,38 +370,16 @@ func transfersCommand(ctx context.Context, e *env, args []string) error {
 	}
 	switch sub {
 	case "list":
-		var unmatched bool
-		var state, network, asset, limit, cursor string
-		c, pos, err := opFlags(e, "transfers list", args, func(fs *flag.FlagSet) {
-			fs.BoolVar(&unmatched, "unmatched", false, "only the inbox: transfers matched to no order")
-			fs.StringVar(&state, "state", "", "seen, confirmed or orphaned")
-			fs.StringVar(&network, "network", "", "only this network")
-			fs.StringVar(&asset, "asset", "", "only this asset")
-			fs.StringVar(&limit, "limit", "", "transfers per page (1-500, default 50)")
-			fs.StringVar(&cursor, "cursor", "", "where the page starts (from a previous page)")
-		})
-		if err != nil {
-			return err
-		}
-		if len(pos) > 0 {
-			return usageError{fmt.Errorf("unexpected arguments: %v", pos)}
-		}
-		params := map[string]string{"state": state, "network": network, "asset": asset, "limit": limit, "cursor": cursor}
-		if unmatched {
-			params["matched"] = "false"
-		}
-		var p page
-		if err := c.call(ctx, "GET", "/v1/transfers"+query(params), nil, &p); err != nil || c.json {
-			return err
-		}
-		rows := make([][]string, len(p.Data))
-		for i, t := range p.Data {
-			rows[i] = []string{str(t["id"]), str(t["network"]), str(t["asset"]), str(t["amount"]), str(t["to"]),
-				str(t["state"]), str(t["confirmations"]), str(t["order_id"]), str(t["flags"]), str(t["tx_hash"])}
-		}
-		c.table([]string{"ID", "NETWORK", "ASSET", "AMOUNT", "TO", "STATE", "CONF", "ORDER", "FLAGS", "TX HASH"}, rows)
-		c.next(p.NextCursor)
-		return nil
+		return listCommand(ctx, e, args, "transfers list", "/v1/transfers", "transfers", []listFlag{
+			{name: "unmatched", param: "matched", value: "false", help: "only the inbox: transfers matched to no order"},
+			{name: "state", param: "state", help: "seen, confirmed or orphaned"},
+			{name: "network", param: "network", help: "only this network"},
+			{name: "asset", param: "asset", help: "only this asset"},
+		}, []string{"ID", "NETWORK", "ASSET", "AMOUNT", "TO", "STATE", "CONF", "ORDER", "FLAGS", "TX HASH"},
+			func(t map[string]any) []string {
+				return []string{str(t["id"]), str(t["network"]), str(t["asset"]), str(t["amount"]), str(t["to"]),
+					str(t["state"]), str(t["confirmations"]), str(t["order_id"]), str(t["flags"]), str(t["tx_hash"])}
+			})
 	case "show":
 		c, pos, err := opFlags(e, "transfers show", args, nil)
 		if err != nil {
@@ -441,33 +455,15 @@ func webhooksCommand(ctx context.Context, e *env, args []string) error {
 	}
 	switch sub {
 	case "list":
-		var order, event, status, limit, cursor string
-		c, pos, err := opFlags(e, "webhooks list", args, func(fs *flag.FlagSet) {
-			fs.StringVar(&order, "order", "", "only this order's events")
-			fs.StringVar(&event, "event", "", "only this event")
-			fs.StringVar(&status, "status", "", "pending, delivered, failed or refused")
-			fs.StringVar(&limit, "limit", "", "deliveries per page (1-500, default 50)")
-			fs.StringVar(&cursor, "cursor", "", "where the page starts (from a previous page)")
-		})
-		if err != nil {
-			return err
-		}
-		if len(pos) > 0 {
-			return usageError{fmt.Errorf("unexpected arguments: %v", pos)}
-		}
-		var p page
-		if err := c.call(ctx, "GET", "/v1/webhooks/deliveries"+query(map[string]string{"order_id": order,
-			"event_id": event, "status": status, "limit": limit, "cursor": cursor}), nil, &p); err != nil || c.json {
-			return err
-		}
-		rows := make([][]string, len(p.Data))
-		for i, d := range p.Data {
-			rows[i] = []string{str(d["event_id"]), str(d["type"]), str(d["order_id"]), str(d["status"]),
-				str(d["attempts"]), str(d["last_status_code"]), when(d["next_attempt_at"]), when(d["delivered_at"]), str(d["last_error"])}
-		}
-		c.table([]string{"EVENT", "TYPE", "ORDER", "STATUS", "ATTEMPTS", "CODE", "NEXT ATTEMPT", "DELIVERED", "LAST ERROR"}, rows)
-		c.next(p.NextCursor)
-		return nil
+		return listCommand(ctx, e, args, "webhooks list", "/v1/webhooks/deliveries", "deliveries", []listFlag{
+			{name: "order", param: "order_id", help: "only this order's events"},
+			{name: "event", param: "event_id", help: "only this event"},
+			{name: "status", param: "status", help: "pending, delivered, failed or refused"},
+		}, []string{"EVENT", "TYPE", "ORDER", "STATUS", "ATTEMPTS", "CODE", "NEXT ATTEMPT", "DELIVERED", "LAST ERROR"},
+			func(d map[string]any) []string {
+				return []string{str(d["event_id"]), str(d["type"]), str(d["order_id"]), str(d["status"]),
+					str(d["attempts"]), str(d["last_status_code"]), when(d["next_attempt_at"]), when(d["delivered_at"]), str(d["last_error"])}
+			})
 	case "redeliver":
 		c, pos, err := opFlags(e, "webhooks redeliver", args, nil)
 		if err != nil {
