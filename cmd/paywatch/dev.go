@@ -11,12 +11,9 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
-	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/ethereum/go-ethereum/crypto"
@@ -379,31 +376,17 @@ func randomHex(n int) string {
 // devCall calls the API and decodes a JSON object answer; a non-2xx
 // answer is an error carrying the API's message.
 func devCall(ctx context.Context, api, key, method, path, body string) (map[string]any, error) {
-	ctx, cancel := context.WithTimeout(ctx, 90*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, method, api+path, strings.NewReader(body))
-	if err != nil {
-		return nil, err
+	var payload any
+	if body != "" {
+		payload = json.RawMessage(body)
 	}
-	req.Header.Set("Authorization", "Bearer "+key)
-	resp, err := http.DefaultClient.Do(req)
+	raw, err := (&opClient{api: api, key: key}).raw(ctx, method, path, payload)
 	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
-	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%s %s: %w", method, path, err)
 	}
 	var v map[string]any
 	if err := json.Unmarshal(raw, &v); err != nil {
-		return nil, fmt.Errorf("%s %s: HTTP %d: %s", method, path, resp.StatusCode, strings.TrimSpace(string(raw)))
-	}
-	if resp.StatusCode/100 != 2 {
-		if e, ok := v["error"].(map[string]any); ok {
-			return nil, fmt.Errorf("%s %s: %v: %v", method, path, e["code"], e["message"])
-		}
-		return nil, fmt.Errorf("%s %s: HTTP %d", method, path, resp.StatusCode)
+		return nil, fmt.Errorf("%s %s: %w", method, path, err)
 	}
 	return v, nil
 }
