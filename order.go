@@ -103,9 +103,10 @@ const (
 	TransferMempool TransferState = "mempool"
 )
 
-// Flags the reconciler sets on transfers. (The chain adapters set theirs:
-// dust, and on EVM networks balance_mismatch and balance_unchecked.) Only
-// balance_unchecked lets a transfer match an order by itself.
+// Flags on transfers. (The chain adapters set theirs: dust, and on EVM
+// networks balance_pending until the balance check has run, then
+// balance_mismatch or balance_unchecked.) Only balance_unchecked lets a
+// transfer match an order by itself.
 const (
 	// FlagAmbiguous: the transfer could pay more than one order, or two
 	// customers claimed it; an operator decides.
@@ -113,6 +114,10 @@ const (
 	// FlagHeld: the transfer went back to the inbox (an operator's cancel,
 	// or a change that took it from its order); only an operator places it.
 	FlagHeld = "held"
+	// FlagBalancePending: a token transfer recorded before its balance
+	// check (the fake-deposit guard) ran. It matches nothing and never
+	// confirms until the check's verdict replaces the flag.
+	FlagBalancePending = "balance_pending"
 )
 
 // Transfer is one incoming movement of value seen on chain.

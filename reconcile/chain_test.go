@@ -85,7 +85,8 @@ func (e *chainEnv) payOnChain(units int64) common.Hash {
 	return h
 }
 
-// sync scans to the head and runs a reconciler pass.
+// sync scans to the head, has the recorded transfers verified (as the
+// scanner's Run does behind it) and runs a reconciler pass.
 func (e *chainEnv) sync() {
 	e.t.Helper()
 	for i := 0; ; i++ {
@@ -96,6 +97,9 @@ func (e *chainEnv) sync() {
 		if caughtUp || i > 100 {
 			break
 		}
+	}
+	if _, err := e.scanner.VerifyPending(context.Background()); err != nil {
+		e.t.Fatal(err)
 	}
 	e.pass()
 }

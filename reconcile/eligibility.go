@@ -26,7 +26,8 @@ var eligibility = []rule{
 	{ruleLive, "its block was replaced by a reorg", `{t}.state <> 'orphaned'`},
 	// dust, balance_mismatch (the fake deposit guard), ambiguous and any
 	// flag paywatch does not know never pay; balance_unchecked (a pruned
-	// node could not check) does.
+	// node could not check) does. Nor does balance_pending (the check has
+	// not run yet): a transfer is matched once its verdict is in.
 	{ruleFlags, "it is flagged", `{t}.flags <@ ARRAY['balance_unchecked']::text[]`},
 	{ruleAfterCreation, "it was mined before the order was created",
 		`{o}.created_height IS NOT NULL AND {t}.block_number > {o}.created_height
@@ -36,6 +37,12 @@ var eligibility = []rule{
 	{ruleInWindow, "it was mined after the order's monitoring window ended",
 		`coalesce({t}.block_time, {t}.first_seen_at) <= {o}.monitor_until`},
 }
+
+// recheckFlags is the flags rule for a transfer already matched: one that
+// a look-up recorded and the scanner has since found is balance_pending
+// until its check runs, and keeps its order meanwhile (it confirms nothing
+// until then; a mismatch takes it back).
+const recheckFlags = `array_remove({t}.flags, 'balance_pending') <@ ARRAY['balance_unchecked']::text[]`
 
 // rule is one condition of eligibility: its SQL with {t} and {o} standing
 // for the transfer's and the order's aliases, and why a transfer failing

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -219,6 +220,11 @@ func followHint(ctx context.Context, tx *sqlx.Tx, orderID string, now time.Time)
 	}
 	if len(found) == 0 {
 		return 0, false, nil // orphaned meanwhile: wait
+	}
+	for _, c := range found {
+		if slices.Contains(c.Flags, paywatch.FlagBalancePending) {
+			return 0, false, nil // its balance check has not run yet: wait for the verdict
+		}
 	}
 	status := statuses[orderID]
 	var link []string

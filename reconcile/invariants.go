@@ -58,6 +58,10 @@ var Invariants = []Invariant{
 	// A transfer a look-up recorded ahead of the scanner confirms only once
 	// the scanner has seen it.
 	{"provisional transfer confirmed", `SELECT id FROM transfers WHERE provisional AND state = 'confirmed'`, nil},
+	// A token transfer whose balance check has not run yet confirms
+	// nothing (it would count money the token may never have moved).
+	{"transfer confirmed before its balance check", `SELECT id FROM transfers
+		WHERE state = 'confirmed' AND 'balance_pending' = ANY (flags)`, nil},
 	// No two orders that could take the same payment (their lives, up to
 	// the end of their monitoring windows, overlap) share a pay amount on
 	// one address.

@@ -76,8 +76,10 @@ func (op *Operator) Attach(ctx context.Context, transferID, orderID, note, actor
 			OrderID *string `db:"order_id"`
 			TxHash  string  `db:"tx_hash"`
 			Amount  string  `db:"amount"`
+			Pending bool    `db:"pending"`
 		}
-		err = tx.GetContext(ctx, &t, `SELECT network, asset, state, order_id, tx_hash, amount::text AS amount
+		err = tx.GetContext(ctx, &t, `SELECT network, asset, state, order_id, tx_hash, amount::text AS amount,
+			'`+paywatch.FlagBalancePending+`' = ANY (flags) AS pending
 			FROM transfers WHERE id = $1 FOR UPDATE`, transferID)
 		if errors.Is(err, sql.ErrNoRows) {
 			return paywatch.Errorf(paywatch.CodeNotFound, "no transfer %q", transferID)
@@ -90,6 +92,9 @@ func (op *Operator) Attach(ctx context.Context, transferID, orderID, note, actor
 			return paywatch.Errorf(paywatch.CodeInvalidState, "transfer %s is already matched to order %s", transferID, *t.OrderID)
 		case t.State == string(paywatch.TransferOrphaned):
 			return paywatch.Errorf(paywatch.CodeInvalidState, "transfer %s was orphaned by a reorg; it paid nothing", transferID)
+		case t.Pending:
+			return paywatch.Errorf(paywatch.CodeInvalidState,
+				"transfer %s waits for its balance check (a token event may move no money); try again in a few seconds", transferID)
 		case t.Network != network || t.Asset != asset:
 			return paywatch.Errorf(paywatch.CodeInvalidRequest, "transfer %s is %s on %s; order %s wants %s on %s",
 				transferID, t.Asset, t.Network, orderID, asset, network)

@@ -147,6 +147,9 @@ var recheckMatches = func() string {
 			continue // an orphaned transfer stays its order's: it may come back
 		}
 		cond := aliases(r.cond, "t", "o")
+		if r.name == ruleFlags {
+			cond = aliases(recheckFlags, "t", "o")
+		}
 		why = append(why, "WHEN NOT ("+cond+") THEN "+quoteSQL(r.why))
 		keep = append(keep, "("+cond+")")
 	}

@@ -97,7 +97,7 @@ func TestNodeDownThenBack(t *testing.T) {
 		return lastErr != nil && *lastErr != ""
 	}, "last_error recorded")
 	proxy.Down.Store(false)
-	waitFor(t, func() bool { return len(e.transfers()) == len(wants) }, "catch-up after the node came back")
+	waitFor(t, func() bool { return e.recorded(len(wants)) }, "catch-up after the node came back")
 	cancel()
 	<-done
 	e.expect(wants...)
@@ -211,12 +211,12 @@ func TestTwoDaemonsTakeOver(t *testing.T) {
 	time.Sleep(300 * time.Millisecond) // a takes the lease
 	b := start()
 	wants := e.sprinkle(20, 2)
-	waitFor(t, func() bool { return len(e.transfers()) == len(wants) }, "first daemon's scan")
+	waitFor(t, func() bool { return e.recorded(len(wants)) }, "first daemon's scan")
 	killed := time.Now()
 	a.cancel() // dies: its connections close, the lock with them
 	<-a.done
 	wants = append(wants, e.sprinkle(20, 2)...)
-	waitFor(t, func() bool { return len(e.transfers()) == len(wants) }, "takeover")
+	waitFor(t, func() bool { return e.recorded(len(wants)) }, "takeover")
 	if took := time.Since(killed); took > 10*time.Second {
 		t.Fatalf("takeover took %s", took)
 	}

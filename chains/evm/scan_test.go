@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math/big"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -78,7 +79,8 @@ func (e *env) scanner() *scan.Scanner {
 	return scan.NewScanner(e.network, src, e.store, e.log)
 }
 
-// sync steps the scanner until it reaches the head.
+// sync steps the scanner until it reaches the head, then has what it
+// recorded verified (as Run does behind the scanner).
 func (e *env) sync(s *scan.Scanner) {
 	e.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -89,12 +91,27 @@ func (e *env) sync(s *scan.Scanner) {
 			e.t.Fatalf("step %d: %v", i, err)
 		}
 		if caughtUp {
+			if _, err := s.VerifyPending(ctx); err != nil {
+				e.t.Fatalf("verify: %v", err)
+			}
 			return
 		}
 		if i > 10000 {
 			e.t.Fatal("scanner never caught up")
 		}
 	}
+}
+
+// recorded tells whether n transfers are recorded, each with its balance
+// check's verdict.
+func (e *env) recorded(n int) bool {
+	got := e.transfers()
+	for _, g := range got {
+		if slices.Contains(g.Flags, scan.FlagBalancePending) {
+			return false
+		}
+	}
+	return len(got) == n
 }
 
 type stored struct {

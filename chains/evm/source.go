@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ethereum/go-ethereum/common"
@@ -17,7 +18,6 @@ import (
 	"github.com/ethereum/go-ethereum/core/types"
 	"github.com/ethereum/go-ethereum/crypto"
 	"github.com/ethereum/go-ethereum/rpc"
-	"golang.org/x/sync/errgroup"
 
 	"github.com/paywatch/paywatch"
 	"github.com/paywatch/paywatch/chains/scan"
@@ -51,13 +51,23 @@ type Source struct {
 	nativeWatch map[common.Address]bool
 	// VerifyBalances checks, for every block and recipient with incoming
 	// token transfers, that the recipient's balance moved by as much as the
-	// Transfer events say (the "fake deposit" guard).
+	// Transfer events say (the "fake deposit" guard). Scan flags such
+	// transfers scan.FlagBalancePending and Verify decides them.
 	VerifyBalances bool
+	// verifySpan is the widest block range Verify reads logs over; it
+	// halves when the node refuses a range.
+	verifySpan atomic.Uint64
+
+	filterOnce      sync.Once
+	filterContracts []common.Address
+	filterTopics    [][]common.Hash
 }
 
 var _ scan.Source = (*Source)(nil)
 var _ scan.HashBatcher = (*Source)(nil)
 var _ scan.HeadHasher = (*Source)(nil)
+var _ scan.Verifier = (*Source)(nil)
+var _ scan.HashScanner = (*Source)(nil)
 
 // NewSource prepares a Source for an evm network. It contacts no node.
 func NewSource(n *paywatch.Network, log *slog.Logger) (*Source, error) {
@@ -183,8 +193,14 @@ func (s *Source) BlockHashes(ctx context.Context, numbers []uint64) ([]string, e
 // its parent, and the head travel in one JSON-RPC batch: one round trip per
 // range when the node is far away.
 func (s *Source) Scan(ctx context.Context, from, to uint64) (*scan.Batch, error) {
+	return s.ScanWithHashes(ctx, from, to, nil)
+}
+
+// ScanWithHashes is Scan that also reads the canonical hashes at heights,
+// in the same JSON-RPC batch, after the logs.
+func (s *Source) ScanWithHashes(ctx context.Context, from, to uint64, heights []uint64) (*scan.Batch, error) {
 	var latest, finalized, last, parent *blockRef
-	var incoming, outgoing []types.Log
+	var incoming []types.Log
 	elems := []rpc.BatchElem{
 		{Method: "eth_getBlockByNumber", Args: []any{"latest", false}, Result: &latest},
 		{Method: "eth_getBlockByNumber", Args: []any{blockTag(to), false}, Result: &last},
@@ -196,15 +212,13 @@ func (s *Source) Scan(ctx context.Context, from, to uint64) (*scan.Batch, error)
 		elems = append(elems, rpc.BatchElem{Method: "eth_getBlockByNumber", Args: []any{"finalized", false}, Result: &finalized})
 	}
 	logsAt := len(elems)
-	topicMode := false
 	if len(s.tokens) > 0 {
-		var q map[string]any
-		q, topicMode = s.incomingFilter(from, to)
-		elems = append(elems, rpc.BatchElem{Method: "eth_getLogs", Args: []any{q}, Result: &incoming})
-		if topicMode && s.VerifyBalances {
-			// Transfers out of the watched addresses, to reconcile balances.
-			elems = append(elems, rpc.BatchElem{Method: "eth_getLogs", Args: []any{s.outgoingFilter(from, to)}, Result: &outgoing})
-		}
+		elems = append(elems, rpc.BatchElem{Method: "eth_getLogs", Args: []any{s.incomingFilter(from, to)}, Result: &incoming})
+	}
+	hashesAt := len(elems)
+	refs := make([]*blockRef, len(heights))
+	for i, n := range heights {
+		elems = append(elems, rpc.BatchElem{Method: "eth_getBlockByNumber", Args: []any{blockTag(n), false}, Result: &refs[i]})
 	}
 	err := s.nodes.call(ctx, func(ctx context.Context, e *endpoint) error {
 		if err := e.rpc.BatchCallContext(ctx, elems); err != nil {
@@ -214,7 +228,7 @@ func (s *Source) Scan(ctx context.Context, from, to uint64) (*scan.Batch, error)
 			if el.Error == nil {
 				continue
 			}
-			if i >= logsAt && rangeRefused(el.Error) {
+			if i >= logsAt && i < hashesAt && rangeRefused(el.Error) {
 				return fmt.Errorf("%w: %v", scan.ErrRangeTooLarge, el.Error)
 			}
 			return fmt.Errorf("%s: %w", el.Method, el.Error)
@@ -237,17 +251,25 @@ func (s *Source) Scan(ctx context.Context, from, to uint64) (*scan.Batch, error)
 	if parent != nil {
 		b.Parent = &scan.Block{Number: from - 1, Hash: parent.Hash.Hex()}
 	}
+	if len(heights) > 0 {
+		b.Hashes = make(map[uint64]string, len(heights)+1)
+		for i, n := range heights {
+			if refs[i] != nil {
+				b.Hashes[n] = refs[i].Hash.Hex()
+			}
+		}
+		b.Hashes[to] = last.Hash.Hex()
+	}
 	if len(s.tokens) > 0 {
 		found := s.tokenTransfers(incoming)
 		if err := s.fillBlockTimes(ctx, found); err != nil {
 			return nil, err
 		}
-		if s.VerifyBalances && len(found) > 0 {
-			if !topicMode {
-				outgoing = incoming // every Transfer log of the contracts is there
-			}
-			if err := s.verifyBalances(ctx, found, outgoing); err != nil {
-				return nil, err
+		for i := range found {
+			// The fake-deposit check comes after the transfer is recorded
+			// (Verify): until then it cannot confirm.
+			if s.VerifyBalances && !found[i].Asset.SkipBalanceCheck {
+				found[i].Flags = append(found[i].Flags, scan.FlagBalancePending)
 			}
 		}
 		b.Transfers = append(b.Transfers, found...)
@@ -263,6 +285,7 @@ func (s *Source) Scan(ctx context.Context, from, to uint64) (*scan.Batch, error)
 	return b, nil
 }
 
+// contracts returns the configured token contracts, sorted.
 func (s *Source) contracts() []common.Address {
 	var cs []common.Address
 	for c := range s.tokens {
@@ -272,6 +295,7 @@ func (s *Source) contracts() []common.Address {
 	return cs
 }
 
+// watchedRecipients returns the watched token recipients as topics, sorted.
 func (s *Source) watchedRecipients() []common.Hash {
 	var topics []common.Hash
 	seen := map[common.Address]bool{}
@@ -288,21 +312,19 @@ func (s *Source) watchedRecipients() []common.Hash {
 }
 
 // incomingFilter is the eth_getLogs filter of Transfer logs of the
-// configured contracts; topicMode tells whether it names the recipients
-// (a small watch set) or leaves them to be filtered here.
-func (s *Source) incomingFilter(from, to uint64) (q map[string]any, topicMode bool) {
-	q = map[string]any{"fromBlock": blockTag(from), "toBlock": blockTag(to), "address": s.contracts(),
-		"topics": [][]common.Hash{{TransferTopic}}}
-	if recipients := s.watchedRecipients(); len(recipients) <= TopicFilterMax {
-		q["topics"] = [][]common.Hash{{TransferTopic}, nil, recipients}
-		return q, true
-	}
-	return q, false
-}
-
-func (s *Source) outgoingFilter(from, to uint64) map[string]any {
-	return map[string]any{"fromBlock": blockTag(from), "toBlock": blockTag(to), "address": s.contracts(),
-		"topics": [][]common.Hash{{TransferTopic}, s.watchedRecipients()}}
+// configured contracts: naming the recipients when the watch set is small,
+// leaving them to be filtered here otherwise. (The watch set is fixed:
+// its topics are worked out once.)
+func (s *Source) incomingFilter(from, to uint64) map[string]any {
+	s.filterOnce.Do(func() {
+		s.filterContracts = s.contracts()
+		s.filterTopics = [][]common.Hash{{TransferTopic}}
+		if recipients := s.watchedRecipients(); len(recipients) <= TopicFilterMax {
+			s.filterTopics = [][]common.Hash{{TransferTopic}, nil, recipients}
+		}
+	})
+	return map[string]any{"fromBlock": blockTag(from), "toBlock": blockTag(to), "address": s.filterContracts,
+		"topics": s.filterTopics}
 }
 
 // tokenTransfers turns Transfer logs into transfers to watched addresses.
@@ -455,108 +477,6 @@ func (s *Source) scanNative(ctx context.Context, from, to uint64) ([]scan.Found,
 		}
 	}
 	return kept, refs, nil
-}
-
-type balanceKey struct {
-	contract, holder common.Address
-	block            uint64
-}
-
-// verifyBalances flags token transfers whose recipient's balance did not
-// move as the Transfer events of that block say: a contract can emit a
-// Transfer without moving value. Outgoing transfers from the recipient in
-// the same block are taken into account.
-func (s *Source) verifyBalances(ctx context.Context, found []scan.Found, out []types.Log) error {
-	expected := map[balanceKey]*big.Int{}
-	for _, f := range found {
-		if f.Asset.SkipBalanceCheck {
-			continue // a token the operator trusts (verify_balance: false)
-		}
-		k := balanceKey{common.HexToAddress(f.Asset.Contract), common.HexToAddress(f.To), f.BlockNumber}
-		if expected[k] == nil {
-			expected[k] = new(big.Int)
-		}
-		expected[k].Add(expected[k], f.Amount)
-	}
-	for _, l := range out {
-		if len(l.Topics) != 3 || len(l.Data) != 32 {
-			continue
-		}
-		k := balanceKey{l.Address, common.BytesToAddress(l.Topics[1].Bytes()), l.BlockNumber}
-		if e := expected[k]; e != nil && !l.Removed {
-			e.Sub(e, new(big.Int).SetBytes(l.Data))
-		}
-	}
-	keys := make([]balanceKey, 0, len(expected))
-	for k := range expected {
-		keys = append(keys, k)
-	}
-	before, after := make([]*hexutil.Bytes, len(keys)), make([]*hexutil.Bytes, len(keys))
-	elems := make([]rpc.BatchElem, 0, 2*len(keys))
-	for i, k := range keys {
-		data := hexutil.Bytes(append(common.Hex2Bytes("70a08231"), common.LeftPadBytes(k.holder.Bytes(), 32)...))
-		call := map[string]any{"to": k.contract, "data": data}
-		elems = append(elems,
-			rpc.BatchElem{Method: "eth_call", Args: []any{call, blockTag(k.block - 1)}, Result: &before[i]},
-			rpc.BatchElem{Method: "eth_call", Args: []any{call, blockTag(k.block)}, Result: &after[i]})
-	}
-	// A pruned node cannot answer for old blocks: such checks are skipped
-	// and the transfers flagged, each on its own.
-	unknown := map[balanceKey]bool{}
-	var mu sync.Mutex
-	err := s.nodes.call(ctx, func(ctx context.Context, e *endpoint) error {
-		// Batches of 200 calls, four at a time: a remote node's round trip
-		// is paid once per four batches.
-		g, gctx := errgroup.WithContext(ctx)
-		g.SetLimit(4)
-		for i := 0; i < len(elems); i += 200 {
-			part := elems[i:min(i+200, len(elems))]
-			g.Go(func() error {
-				if err := e.rpc.BatchCallContext(gctx, part); err != nil {
-					return err
-				}
-				for j, el := range part {
-					if el.Error == nil {
-						continue
-					}
-					if !stateUnavailable(el.Error) {
-						return fmt.Errorf("eth_call balanceOf: %w", el.Error)
-					}
-					mu.Lock()
-					unknown[keys[(i+j)/2]] = true
-					mu.Unlock()
-				}
-				return nil
-			})
-		}
-		return g.Wait()
-	})
-	if err != nil {
-		return fmt.Errorf("check balances: %w", err)
-	}
-	bad := map[balanceKey]bool{}
-	for i, k := range keys {
-		if unknown[k] || before[i] == nil || after[i] == nil {
-			continue
-		}
-		delta := new(big.Int).Sub(new(big.Int).SetBytes(*after[i]), new(big.Int).SetBytes(*before[i]))
-		if delta.Cmp(expected[k]) != 0 {
-			bad[k] = true
-			s.log.Warn("token transfer without the balance moving", "network", s.network.Name,
-				"contract", k.contract.Hex(), "to", k.holder.Hex(), "block", k.block, "events", expected[k], "moved", delta)
-		}
-	}
-	for i := range found {
-		f := &found[i]
-		k := balanceKey{common.HexToAddress(f.Asset.Contract), common.HexToAddress(f.To), f.BlockNumber}
-		switch {
-		case unknown[k]:
-			f.Flags = append(f.Flags, FlagBalanceUnknown)
-		case bad[k]:
-			f.Flags = append(f.Flags, FlagBalanceMismatch)
-		}
-	}
-	return nil
 }
 
 // stateUnavailable recognises a pruned node's answer for old state.

@@ -49,6 +49,9 @@ type Batch struct {
 	// calls when it reads ahead.
 	Head   *Head
 	Parent *Block
+	// Hashes holds canonical hashes read in the same round trip as the
+	// transfers, when the scanner asked for them (HashScanner).
+	Hashes map[uint64]string
 }
 
 // Head is the tip of a chain as a node reports it.
@@ -66,8 +69,43 @@ type Source interface {
 	BlockHash(ctx context.Context, n uint64) (string, error)
 	// Scan returns the transfers to watched addresses in blocks [from, to].
 	// It returns an error wrapping ErrRangeTooLarge when the node refuses the
-	// range, so that the scanner retries with a smaller one.
+	// range, so that the scanner retries with a smaller one, and an error
+	// (ErrNoBlock) for a range beyond the node's head: the scanner may read
+	// a batch before it knows the head, and drops what that read returns if
+	// the head proves it wrong.
 	Scan(ctx context.Context, from, to uint64) (*Batch, error)
+}
+
+// FlagBalancePending marks a transfer recorded before its source verified
+// it (the EVM fake-deposit balance check, which costs calls the scan's
+// critical path should not wait for). Such a transfer matches no order and
+// never confirms until the Verifier's verdict replaces the flag.
+const FlagBalancePending = paywatch.FlagBalancePending
+
+// Verifier is implemented by Sources that verify, after the scanner
+// recorded them, the transfers they flagged FlagBalancePending.
+type Verifier interface {
+	// Verify returns a verdict for each transfer it could decide. A
+	// transfer left without one (its block is no longer the one it was
+	// recorded in, say) stays pending and is tried again.
+	Verify(ctx context.Context, pending []Unverified) ([]Verdict, error)
+}
+
+// Unverified is a recorded transfer waiting for its source's verdict.
+type Unverified struct {
+	ID          string
+	Contract    string
+	To          string
+	BlockNumber uint64
+	BlockHash   string
+}
+
+// Verdict is a Verifier's word on one transfer: Flag is "" when it checks
+// out, otherwise the flag it earns in place of FlagBalancePending.
+type Verdict struct {
+	ID        string
+	BlockHash string
+	Flag      string
 }
 
 // Errors a Source reports.

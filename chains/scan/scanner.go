@@ -43,7 +43,15 @@ type Scanner struct {
 	successes int
 	// next is a batch being read ahead while the previous one commits.
 	next *prefetch
+	// lastHead is the head the last commit saw.
+	lastHead uint64
+	// verifyWake tells Run's verifier that a commit recorded transfers
+	// waiting for a verdict.
+	verifyWake chan struct{}
 }
+
+// VerifyBatch is how many pending transfers one Verifier call decides.
+const VerifyBatch = 2000
 
 // prefetch is a Source.Scan started ahead of time.
 type prefetch struct {
@@ -53,14 +61,41 @@ type prefetch struct {
 	err      error
 }
 
-func (s *Scanner) startPrefetch(ctx context.Context, from, to uint64) {
+func (s *Scanner) startPrefetch(ctx context.Context, from, to, head uint64) {
 	p := &prefetch{from: from, to: to, done: make(chan struct{})}
 	go func() {
 		defer close(p.done)
-		p.batch, p.err = s.Source.Scan(ctx, from, to)
+		p.batch, p.err = s.scanRange(ctx, from, to, head)
 	}()
 	s.next = p
 }
+
+// scanRange has the source scan [from, to] and, where it can in the same
+// round trip, read the hashes verify checks: those of the range's blocks
+// within the reorg window of head.
+func (s *Scanner) scanRange(ctx context.Context, from, to, head uint64) (*Batch, error) {
+	hs, ok := s.Source.(HashScanner)
+	if !ok || head == 0 || to+s.Window <= head {
+		// The head is not known yet, or the range is below the window.
+		return s.Source.Scan(ctx, from, to)
+	}
+	var heights []uint64
+	for n := max(from, s.windowStart(head)); n <= to; n++ {
+		heights = append(heights, n)
+	}
+	return hs.ScanWithHashes(ctx, from, to, heights)
+}
+
+// windowStart is the lowest block within the reorg window of head.
+func (s *Scanner) windowStart(head uint64) uint64 {
+	if head >= s.Window {
+		return head - s.Window + 1
+	}
+	return 0
+}
+
+// dropPrefetch forgets a batch read ahead (its read ends by itself).
+func (s *Scanner) dropPrefetch() { s.next = nil }
 
 // takePrefetch returns the batch read ahead for exactly from, or nil.
 func (s *Scanner) takePrefetch(ctx context.Context, from uint64) (*prefetch, error) {
@@ -99,6 +134,24 @@ func NewScanner(n *paywatch.Network, src Source, store *Store, log *slog.Logger)
 // halts the network until an operator rewinds it (Store.Rewind); Run waits
 // for that and goes on.
 func (s *Scanner) Run(ctx context.Context) error {
+	if v, ok := s.Source.(Verifier); ok {
+		// Verdicts come off the path that advances the cursor: the
+		// scanner records, the verifier checks behind it.
+		s.verifyWake = make(chan struct{}, 1)
+		done := make(chan struct{})
+		defer func() { <-done }()
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		go func() {
+			defer close(done)
+			s.runVerifier(ctx, v)
+		}()
+		return s.run(ctx)
+	}
+	return s.run(ctx)
+}
+
+func (s *Scanner) run(ctx context.Context) error {
 	failures := 0
 	halted := false
 	for {
@@ -149,6 +202,76 @@ func (s *Scanner) Run(ctx context.Context) error {
 	}
 }
 
+// runVerifier has the source verify pending transfers whenever a commit
+// reached the head, and at each poll interval (a catch-up's batches, what
+// an earlier run left), until ctx ends. Failures are retried with the scanner's backoff; the
+// transfers wait, unconfirmed, meanwhile.
+func (s *Scanner) runVerifier(ctx context.Context, v Verifier) {
+	failures := 0
+	for {
+		wait := max(s.Network.PollInterval, 100*time.Millisecond)
+		if _, err := s.verifyPending(ctx, v); err != nil && ctx.Err() == nil {
+			failures++
+			wait = backoff(s.RetryMin, s.RetryMax, failures)
+			s.Log.Warn("verifying transfers failed; they stay unconfirmed", "err", err, "retry_in", wait.Round(time.Millisecond))
+			if s.Observer != nil {
+				s.Observer.StepFailed(s.Network.Name, ErrorKind(err))
+			}
+		} else {
+			failures = 0
+		}
+		wake := s.verifyWake
+		if failures > 0 {
+			wake = nil // a commit does not cut a backoff short
+		}
+		timer := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return
+		case <-wake:
+			timer.Stop()
+		case <-timer.C:
+		}
+	}
+}
+
+// VerifyPending has the Source verify every transfer recorded pending
+// (FlagBalancePending), in batches, until none is left or a batch decides
+// nothing. It returns how many transfers got their verdict. Run does this
+// by itself; a Source that verifies nothing later returns 0.
+func (s *Scanner) VerifyPending(ctx context.Context) (int, error) {
+	v, ok := s.Source.(Verifier)
+	if !ok {
+		return 0, nil
+	}
+	return s.verifyPending(ctx, v)
+}
+
+func (s *Scanner) verifyPending(ctx context.Context, v Verifier) (int, error) {
+	total := 0
+	for {
+		pending, err := s.Store.Unverified(ctx, s.Network.Name, VerifyBatch)
+		if err != nil || len(pending) == 0 {
+			return total, err
+		}
+		verdicts, err := v.Verify(ctx, pending)
+		if err != nil {
+			return total, fmt.Errorf("verify %d transfers: %w", len(pending), err)
+		}
+		n, err := s.Store.RecordVerdicts(ctx, s.Network.Name, verdicts)
+		total += n
+		if err != nil {
+			return total, err
+		}
+		if n == 0 || len(pending) < VerifyBatch {
+			// Nothing decided (blocks the scanner has yet to see replaced),
+			// or nothing more waiting.
+			return total, nil
+		}
+	}
+}
+
 // backoff is min·2^(n-1), capped at max, with up to 50% jitter below.
 func backoff(min, max time.Duration, n int) time.Duration {
 	d := min
@@ -192,6 +315,19 @@ func (s *Scanner) Step(ctx context.Context) (caughtUp bool, err error) {
 		}
 	}
 
+	// Nothing read ahead: while the head is read, read the batch the cursor
+	// calls for, when the head known last leaves room for a whole one (or
+	// nothing is known yet): a catch-up's first step costs one round trip,
+	// not two. A guess the head or the cursor check refutes is dropped.
+	if ahead == nil && !(cur == nil && s.Network.StartLatest) {
+		guess := s.Network.StartBlock
+		if cur != nil {
+			guess = cur.Number + 1
+		}
+		if cur == nil || s.lastHead >= guess+s.batch-1 {
+			s.startPrefetch(ctx, guess, guess+s.batch-1, s.lastHead)
+		}
+	}
 	// The head, and the cursor block's hash in the same round trip where the
 	// source can.
 	var head Head
@@ -202,6 +338,7 @@ func (s *Scanner) Step(ctx context.Context) (caughtUp bool, err error) {
 		head, err = s.Source.Head(ctx)
 	}
 	if err != nil {
+		s.dropPrefetch()
 		return false, fmt.Errorf("read head: %w", err)
 	}
 	var from uint64
@@ -248,12 +385,20 @@ func (s *Scanner) Step(ctx context.Context) (caughtUp bool, err error) {
 		}
 		return true, nil
 	}
+	if ahead == nil && s.next != nil {
+		if ahead, err = s.takePrefetch(ctx, from); err != nil {
+			return false, err
+		}
+		if ahead != nil && ahead.err != nil {
+			ahead = nil
+		}
+	}
 	to := min(head.Number, from+s.batch-1)
 	var batch *Batch
 	if ahead != nil && orphanAbove == nil && ahead.from == from && ahead.to <= head.Number {
 		to, batch = ahead.to, ahead.batch
 	} else {
-		batch, err = s.Source.Scan(ctx, from, to)
+		batch, err = s.scanRange(ctx, from, to, head.Number)
 	}
 	// A range refused, or one no node answered in time (each was tried:
 	// a single sick node fails over instead), is read in halves.
@@ -293,9 +438,10 @@ func (s *Scanner) commitBatch(ctx context.Context, cur *Block, orphanAbove *uint
 		Head: head, ConfirmedAtOrBelow: s.confirmedAtOrBelow(head), Window: s.Window, First: from}
 	// While this batch commits, read the next one: fetching and storing
 	// overlap, which matters most when the node is far away.
+	s.lastHead = head.Number
 	if last.Number < head.Number {
 		next := last.Number + 1
-		s.startPrefetch(ctx, next, min(head.Number, next+s.batch-1))
+		s.startPrefetch(ctx, next, min(head.Number, next+s.batch-1), head.Number)
 	}
 	orphaned, err := s.Store.Commit(ctx, commit)
 	if err != nil {
@@ -311,6 +457,16 @@ func (s *Scanner) commitBatch(ctx context.Context, cur *Block, orphanAbove *uint
 	}
 	if n := len(batch.Transfers); n > 0 {
 		s.Log.Info("transfers found", "from", from, "to", last.Number, "count", n)
+	}
+	if s.verifyWake != nil && last.Number >= head.Number {
+		// At the head, what was recorded is checked at once. During a
+		// catch-up the checks run at each poll interval instead, so that
+		// their calls do not slow the scan (confirmations take blocks
+		// anyway).
+		select {
+		case s.verifyWake <- struct{}{}:
+		default:
+		}
 	}
 	if s.Observer != nil {
 		s.Observer.Batch(s.Network.Name, int(last.Number-from+1), len(batch.Transfers), time.Since(s.stepStart))
@@ -370,8 +526,17 @@ func (s *Scanner) verify(ctx context.Context, b *Batch, from, to uint64, head He
 	}
 	// Fetch the canonical hash of recent blocks and of any whose hash the
 	// source did not report; below the window the source's word stands.
+	// Hashes the source read in the same round trip as the transfers
+	// (Batch.Hashes) need no second one.
 	var numbers []uint64
 	for n, h := range reported {
+		if c, ok := b.Hashes[n]; ok && c != "" {
+			if h != "" && c != h {
+				return Block{}, inconsistentError{n}
+			}
+			reported[n] = c
+			continue
+		}
 		if n >= recent || h == "" {
 			numbers = append(numbers, n)
 		}
@@ -442,6 +607,13 @@ func (s *Scanner) forkPoint(ctx context.Context, cur *Block) (uint64, error) {
 // hash in one round trip ("" for the hash when there is no such block).
 type HeadHasher interface {
 	HeadAndHash(ctx context.Context, n uint64) (Head, string, error)
+}
+
+// HashScanner is implemented by Sources that, in the same round trip as a
+// range's transfers, read the canonical hashes of chosen blocks
+// (Batch.Hashes): the scanner asks for those it must check.
+type HashScanner interface {
+	ScanWithHashes(ctx context.Context, from, to uint64, heights []uint64) (*Batch, error)
 }
 
 // RangeLimiter is implemented by Sources whose blocks are heavy to read

@@ -70,6 +70,9 @@ func (c *fakeChain) Scan(_ context.Context, from, to uint64) (*Batch, error) {
 	if c.maxRange > 0 && to-from+1 > c.maxRange {
 		return nil, fmt.Errorf("%w: %d blocks", ErrRangeTooLarge, to-from+1)
 	}
+	if to >= uint64(len(c.hashes)) {
+		return nil, fmt.Errorf("blocks %d-%d: %w", from, to, ErrNoBlock)
+	}
 	c.scans = append(c.scans, [2]uint64{from, to})
 	b := &Batch{Blocks: []Block{{Number: to, Hash: c.hashes[to]}}}
 	for n := from; n <= to; n++ {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 
@@ -168,9 +169,12 @@ func (s *Store) Commit(ctx context.Context, c Commit) (orphaned int, err error) 
 				return fmt.Errorf("note the height of new orders: %w", err)
 			}
 		}
+		// The transfers this commit orphans (a batch that sees one again
+		// takes it back).
+		var orphans []string
 		if c.OrphanAbove != nil {
-			if _, err := tx.ExecContext(ctx, `UPDATE transfers SET state = 'orphaned', orphaned_at = $3, updated_at = $3, ledger_dirty = true
-				WHERE network = $1 AND block_number > $2 AND state <> 'orphaned'`, c.Network, int64(*c.OrphanAbove), now); err != nil {
+			if err := tx.SelectContext(ctx, &orphans, `UPDATE transfers SET state = 'orphaned', orphaned_at = $3, updated_at = $3, ledger_dirty = true
+				WHERE network = $1 AND block_number > $2 AND state <> 'orphaned' RETURNING id`, c.Network, int64(*c.OrphanAbove), now); err != nil {
 				return fmt.Errorf("orphan transfers: %w", err)
 			}
 			if _, err := tx.ExecContext(ctx, `DELETE FROM chain_blocks WHERE network = $1 AND block_number > $2`, c.Network, int64(*c.OrphanAbove)); err != nil {
@@ -178,7 +182,7 @@ func (s *Store) Commit(ctx context.Context, c Commit) (orphaned int, err error) 
 			}
 		}
 		if c.Batch != nil {
-			if err := upsertTransfers(ctx, tx, c.Network, c.Batch.Transfers, now); err != nil {
+			if err := upsertTransfers(ctx, tx, c.Network, c.Batch.Transfers, now, c.ConfirmedAtOrBelow); err != nil {
 				return err
 			}
 			if err := storeBlocks(ctx, tx, c.Network, c.Batch.Blocks); err != nil {
@@ -186,22 +190,27 @@ func (s *Store) Commit(ctx context.Context, c Commit) (orphaned int, err error) 
 			}
 		}
 		if c.Cursor != nil {
-			if _, err := tx.ExecContext(ctx, `UPDATE transfers SET state = 'orphaned', orphaned_at = $3, updated_at = $3, ledger_dirty = true
-				WHERE network = $1 AND provisional AND block_number <= $2 AND state <> 'orphaned'`,
+			var lookups []string
+			if err := tx.SelectContext(ctx, &lookups, `UPDATE transfers SET state = 'orphaned', orphaned_at = $3, updated_at = $3, ledger_dirty = true
+				WHERE network = $1 AND provisional AND block_number <= $2 AND state <> 'orphaned' RETURNING id`,
 				c.Network, int64(c.Cursor.Number), now); err != nil {
 				return fmt.Errorf("orphan look-ups the scanner did not see: %w", err)
 			}
+			orphans = append(orphans, lookups...)
 		}
-		if err := tx.GetContext(ctx, &orphaned, `SELECT count(*) FROM transfers WHERE network = $1 AND orphaned_at = $2`, c.Network, now); err != nil {
-			return fmt.Errorf("count orphaned transfers: %w", err)
-		}
-		if orphaned > 0 {
+		if len(orphans) > 0 {
 			// The dossiers of matched transfers the reorg took away say so on
 			// their timelines (the reconciler moves their status and ledger).
-			if _, err := tx.ExecContext(ctx, `INSERT INTO order_events (order_id, at, type, actor, detail)
-				SELECT order_id, $2, 'transfer_orphaned', 'scanner',
-					jsonb_build_object('transfer_id', id, 'tx_hash', tx_hash, 'block_number', block_number, 'block_hash', block_hash)
-				FROM transfers WHERE network = $1 AND orphaned_at = $2 AND order_id IS NOT NULL`, c.Network, now); err != nil {
+			if err := tx.GetContext(ctx, &orphaned, `WITH gone AS (
+					SELECT id, order_id, tx_hash, block_number, block_hash FROM transfers
+					WHERE id = ANY($1) AND orphaned_at = $2
+				), ev AS (
+					INSERT INTO order_events (order_id, at, type, actor, detail)
+					SELECT order_id, $2, 'transfer_orphaned', 'scanner',
+						jsonb_build_object('transfer_id', id, 'tx_hash', tx_hash, 'block_number', block_number, 'block_hash', block_hash)
+					FROM gone WHERE order_id IS NOT NULL
+				)
+				SELECT count(*) FROM gone`, pq.Array(orphans), now); err != nil {
 				return fmt.Errorf("note orphaned transfers on timelines: %w", err)
 			}
 		}
@@ -228,7 +237,8 @@ func (s *Store) Commit(ctx context.Context, c Commit) (orphaned int, err error) 
 		}
 		if c.ConfirmedAtOrBelow > 0 {
 			if _, err := tx.ExecContext(ctx, `UPDATE transfers SET state = 'confirmed', updated_at = $3
-				WHERE network = $1 AND state = 'seen' AND NOT provisional AND block_number <= $2`,
+				WHERE network = $1 AND state = 'seen' AND NOT provisional AND block_number <= $2
+					AND NOT ('`+FlagBalancePending+`' = ANY (flags))`,
 				c.Network, int64(c.ConfirmedAtOrBelow), now); err != nil {
 				return fmt.Errorf("confirm transfers: %w", err)
 			}
@@ -245,8 +255,9 @@ func (s *Store) Commit(ctx context.Context, c Commit) (orphaned int, err error) 
 			first = &f
 		}
 		if _, err := tx.ExecContext(ctx, `UPDATE chain_cursors SET block_number = $2, block_hash = $3, head = $4,
-			finalized = $5, last_error = NULL, updated_at = $6, first_block = COALESCE(first_block, $7) WHERE network = $1`,
-			c.Network, number, hash, int64(c.Head.Number), int64(c.Head.Finalized), now, first); err != nil {
+			finalized = $5, last_error = NULL, updated_at = $6, first_block = COALESCE(first_block, $7),
+			confirmed_height = $8 WHERE network = $1`,
+			c.Network, number, hash, int64(c.Head.Number), int64(c.Head.Finalized), now, first, confirmedHeight(c)); err != nil {
 			return fmt.Errorf("advance cursor of %s: %w", c.Network, err)
 		}
 		if _, err := tx.ExecContext(ctx, `SELECT pg_notify($1, $2)`, pg.NotifyChannel, c.Network); err != nil {
@@ -263,6 +274,17 @@ func (s *Store) Commit(ctx context.Context, c Commit) (orphaned int, err error) 
 	return orphaned, nil
 }
 
+// confirmedHeight is the highest block a commit confirms, bounded by its
+// cursor (a block not scanned yet holds nothing recorded to confirm, and a
+// verdict must not confirm a look-up's transfer above it); nil for none.
+func confirmedHeight(c Commit) *int64 {
+	if c.ConfirmedAtOrBelow == 0 || c.Cursor == nil {
+		return nil
+	}
+	h := int64(min(c.ConfirmedAtOrBelow, c.Cursor.Number))
+	return &h
+}
+
 func sameBlock(cur cursorRow, prev *Block) bool {
 	if cur.Number == nil || cur.Hash == nil {
 		return prev == nil
@@ -273,20 +295,23 @@ func sameBlock(cur cursorRow, prev *Block) bool {
 // upsertTransfers stores what the scanner found: a transfer already
 // recorded moves to the block it was found in now (a reorg that mined it
 // again) and stops being provisional.
-func upsertTransfers(ctx context.Context, tx *sqlx.Tx, network string, found []Found, now time.Time) error {
-	return insertTransfers(ctx, tx, network, found, now, false)
+// A transfer at or below confirmedAtOrBelow that waits for no verdict is
+// stored confirmed at once (a catch-up writes each row once).
+func upsertTransfers(ctx context.Context, tx *sqlx.Tx, network string, found []Found, now time.Time, confirmedAtOrBelow uint64) error {
+	return insertTransfers(ctx, tx, network, found, now, false, confirmedAtOrBelow)
 }
 
 // insertTransfers stores transfers: as the scanner's (upserting) or, when
-// provisional, as a look-up's (leaving any already recorded untouched).
-func insertTransfers(ctx context.Context, tx *sqlx.Tx, network string, found []Found, now time.Time, provisional bool) error {
+// provisional, as a look-up's (leaving any already recorded untouched, and
+// confirming nothing).
+func insertTransfers(ctx context.Context, tx *sqlx.Tx, network string, found []Found, now time.Time, provisional bool, confirmedAtOrBelow uint64) error {
 	if len(found) == 0 {
 		return nil
 	}
 	n := len(found)
 	ids, assets, contracts, hashes, keys := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 	idx, froms, tos, amounts := make([]int64, n), make([]string, n), make([]string, n), make([]string, n)
-	numbers, blockHashes, flags := make([]int64, n), make([]string, n), make([]string, n)
+	numbers, blockHashes, flags, states := make([]int64, n), make([]string, n), make([]string, n), make([]string, n)
 	times := make([]*time.Time, n)
 	for i, f := range found {
 		ids[i] = paywatch.NewID("trf")
@@ -295,6 +320,10 @@ func insertTransfers(ctx context.Context, tx *sqlx.Tx, network string, found []F
 		froms[i], tos[i], amounts[i] = f.From, f.To, f.Amount.String()
 		numbers[i], blockHashes[i] = int64(f.BlockNumber), f.BlockHash
 		flags[i] = strings.Join(f.Flags, ",")
+		states[i] = string(paywatch.TransferSeen)
+		if !provisional && f.BlockNumber <= confirmedAtOrBelow && !slices.Contains(f.Flags, FlagBalancePending) {
+			states[i] = string(paywatch.TransferConfirmed)
+		}
 		if !f.BlockTime.IsZero() {
 			bt := f.BlockTime.UTC()
 			times[i] = &bt
@@ -313,14 +342,14 @@ func insertTransfers(ctx context.Context, tx *sqlx.Tx, network string, found []F
 	_, err := tx.ExecContext(ctx, `INSERT INTO transfers (id, network, asset, asset_contract, tx_hash, tx_key, idx,
 			from_address, to_address, amount, block_number, block_hash, block_time, state, flags, first_seen_at, updated_at, provisional)
 		SELECT u.id, $1, u.asset, u.contract, u.hash, u.key, u.idx, u.from_addr, u.to_addr, u.amount::numeric,
-			u.number, u.block_hash, NULLIF(u.block_time, '')::timestamptz, 'seen', string_to_array(u.flags, ','), $2, $2, $16
+			u.number, u.block_hash, NULLIF(u.block_time, '')::timestamptz, u.state, string_to_array(u.flags, ','), $2, $2, $16
 		FROM unnest($3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::bigint[], $9::text[],
-			$10::text[], $11::text[], $12::bigint[], $13::text[], $14::text[], $15::text[])
-			AS u(id, asset, contract, hash, key, idx, from_addr, to_addr, amount, number, block_hash, flags, block_time)
+			$10::text[], $11::text[], $12::bigint[], $13::text[], $14::text[], $15::text[], $17::text[])
+			AS u(id, asset, contract, hash, key, idx, from_addr, to_addr, amount, number, block_hash, flags, block_time, state)
 		ON CONFLICT (network, tx_hash, tx_key) `+conflict,
 		network, now, pq.Array(ids), pq.Array(assets), pq.Array(contracts), pq.Array(hashes), pq.Array(keys),
 		pq.Array(idx), pq.Array(froms), pq.Array(tos), pq.Array(amounts), pq.Array(numbers), pq.Array(blockHashes), pq.Array(flags), pq.Array(blockTimes),
-		provisional)
+		provisional, pq.Array(states))
 	if err != nil {
 		return fmt.Errorf("store %d transfers: %w", n, err)
 	}
@@ -331,14 +360,21 @@ func insertTransfers(ctx context.Context, tx *sqlx.Tx, network string, found []F
 // what it sees now is the truth, whatever was recorded before (a look-up's
 // provisional record, or the block the transaction was mined in before a
 // reorg). When anything changed, the transfer is marked ledger_dirty: the
-// reconciler checks its match again and the ledger reposts it.
+// reconciler checks its match again and the ledger reposts it. The same
+// transfer found again in the same block (a rescan) keeps its flags: a
+// balance check's verdict is the block's, so it stands and the transfer
+// waits for no new one (a look-up's record had no verdict to keep).
 const scannerConflict = `DO UPDATE SET
 			idx = EXCLUDED.idx, block_number = EXCLUDED.block_number, block_hash = EXCLUDED.block_hash,
 			block_time = EXCLUDED.block_time, asset = EXCLUDED.asset, asset_contract = EXCLUDED.asset_contract,
 			from_address = EXCLUDED.from_address, to_address = EXCLUDED.to_address, amount = EXCLUDED.amount,
-			flags = EXCLUDED.flags,
+			flags = CASE WHEN transfers.block_hash = EXCLUDED.block_hash AND NOT transfers.provisional
+				THEN transfers.flags ELSE EXCLUDED.flags END,
 			state = CASE WHEN transfers.state <> 'orphaned' AND transfers.block_hash = EXCLUDED.block_hash
-				THEN transfers.state ELSE 'seen' END,
+				THEN transfers.state
+				WHEN transfers.block_hash = EXCLUDED.block_hash AND NOT transfers.provisional
+					AND '` + FlagBalancePending + `' = ANY (transfers.flags) THEN 'seen'
+				ELSE EXCLUDED.state END,
 			ledger_dirty = transfers.ledger_dirty OR (transfers.block_hash, transfers.asset, transfers.asset_contract,
 				transfers.to_address, transfers.amount, transfers.flags) IS DISTINCT FROM (EXCLUDED.block_hash,
 				EXCLUDED.asset, EXCLUDED.asset_contract, EXCLUDED.to_address, EXCLUDED.amount, EXCLUDED.flags),
@@ -443,7 +479,7 @@ func (s *Store) Record(ctx context.Context, network string, found []Found) error
 				ahead = append(ahead, f)
 			}
 		}
-		return insertTransfers(ctx, tx, network, ahead, now, true)
+		return insertTransfers(ctx, tx, network, ahead, now, true, 0)
 	})
 }
 
@@ -495,7 +531,8 @@ func (s *Store) Rewind(ctx context.Context, network string, to Block) (orphaned 
 			return fmt.Errorf("record rewind: %w", err)
 		}
 		if _, err := tx.ExecContext(ctx, `UPDATE chain_cursors SET block_number = $2, block_hash = $3, halted = false,
-			last_error = NULL, updated_at = $4 WHERE network = $1`, network, int64(to.Number), to.Hash, now); err != nil {
+			last_error = NULL, updated_at = $4, confirmed_height = least(confirmed_height, $2) WHERE network = $1`,
+			network, int64(to.Number), to.Hash, now); err != nil {
 			return fmt.Errorf("rewind cursor: %w", err)
 		}
 		return nil
@@ -504,4 +541,86 @@ func (s *Store) Rewind(ctx context.Context, network string, to Block) (orphaned 
 		return 0, err
 	}
 	return orphaned, nil
+}
+
+// Unverified returns up to limit of network's transfers waiting for their
+// source's verdict (FlagBalancePending), lowest blocks first.
+func (s *Store) Unverified(ctx context.Context, network string, limit int) ([]Unverified, error) {
+	var rows []struct {
+		ID       string `db:"id"`
+		Contract string `db:"asset_contract"`
+		To       string `db:"to_address"`
+		Number   int64  `db:"block_number"`
+		Hash     string `db:"block_hash"`
+	}
+	if err := s.db.SelectContext(ctx, &rows, `SELECT id, asset_contract, to_address, block_number, block_hash FROM transfers
+		WHERE network = $1 AND state = 'seen' AND '`+FlagBalancePending+`' = ANY (flags)
+		ORDER BY block_number, id LIMIT $2`, network, limit); err != nil {
+		return nil, fmt.Errorf("read unverified transfers of %s: %w", network, err)
+	}
+	out := make([]Unverified, len(rows))
+	for i, r := range rows {
+		out[i] = Unverified{ID: r.ID, Contract: r.Contract, To: r.To, BlockNumber: uint64(r.Number), BlockHash: r.Hash}
+	}
+	return out, nil
+}
+
+// RecordVerdicts writes a Verifier's verdicts in one transaction. Each
+// transfer still pending in the block it was verified in loses
+// FlagBalancePending and gains the verdict's flag; one whose block is
+// confirmed confirms now. A matched transfer that earned a flag is marked
+// ledger_dirty, so that the reconciler checks its match again. The
+// reconciler is told. It returns how many transfers the verdicts changed.
+func (s *Store) RecordVerdicts(ctx context.Context, network string, verdicts []Verdict) (int, error) {
+	if len(verdicts) == 0 {
+		return 0, nil
+	}
+	now := s.Now().UTC().Truncate(time.Microsecond)
+	ids, hashes, flags := make([]string, len(verdicts)), make([]string, len(verdicts)), make([]string, len(verdicts))
+	for i, v := range verdicts {
+		ids[i], hashes[i], flags[i] = v.ID, v.BlockHash, v.Flag
+	}
+	var n int
+	err := pg.Tx(ctx, s.db, func(tx *sqlx.Tx) error {
+		// The cursor row first, as a commit locks it: the confirmed height
+		// read is the one no commit is changing.
+		var confirmed *int64
+		err := tx.GetContext(ctx, &confirmed, `SELECT confirmed_height FROM chain_cursors WHERE network = $1 FOR SHARE`, network)
+		if err != nil && !errors.Is(err, sql.ErrNoRows) {
+			return fmt.Errorf("read confirmed height of %s: %w", network, err)
+		}
+		// Transfers are locked in id order, as the ledger locks them: a
+		// verdict and a reconciler pass never wait for each other in a
+		// circle.
+		if _, err := tx.ExecContext(ctx, `SELECT 1 FROM transfers WHERE id = ANY($1) ORDER BY id FOR UPDATE`, pq.Array(ids)); err != nil {
+			return fmt.Errorf("lock verified transfers: %w", err)
+		}
+		err = tx.GetContext(ctx, &n, `WITH v AS (
+				SELECT * FROM unnest($2::text[], $3::text[], $4::text[]) AS v(id, block_hash, flag)
+			), done AS (
+				UPDATE transfers t SET
+					flags = array_remove(t.flags, '`+FlagBalancePending+`') || CASE WHEN v.flag = '' THEN '{}'::text[] ELSE ARRAY[v.flag] END,
+					state = CASE WHEN NOT t.provisional AND t.block_number <= $5 THEN 'confirmed' ELSE t.state END,
+					ledger_dirty = t.ledger_dirty OR (t.order_id IS NOT NULL AND v.flag <> ''),
+					updated_at = $6
+				FROM v
+				WHERE t.id = v.id AND t.network = $1 AND t.block_hash = v.block_hash AND t.state = 'seen'
+					AND '`+FlagBalancePending+`' = ANY (t.flags)
+				RETURNING t.id
+			)
+			SELECT count(*) FROM done`, network, pq.Array(ids), pq.Array(hashes), pq.Array(flags), confirmed, now)
+		if err != nil {
+			return fmt.Errorf("record verdicts: %w", err)
+		}
+		if n > 0 {
+			if _, err := tx.ExecContext(ctx, `SELECT pg_notify($1, $2)`, pg.NotifyChannel, network); err != nil {
+				return fmt.Errorf("notify: %w", err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	return n, nil
 }

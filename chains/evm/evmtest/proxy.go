@@ -29,6 +29,9 @@ type Proxy struct {
 	// NoLogTimes strips blockTimestamp from the logs eth_getLogs returns,
 	// as many nodes do.
 	NoLogTimes atomic.Bool
+	// FailCalls makes every eth_call answer an internal error: a node
+	// that serves logs but cannot run contract calls.
+	FailCalls atomic.Bool
 	// Delay is added to every request, like the round trip to a hosted node.
 	Delay atomic.Int64 // nanoseconds
 	// Refused counts refused eth_getLogs calls; LogCalls the served ones.
@@ -80,8 +83,11 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) {
 		_ = json.Unmarshal(body, &one)
 		reqs = []rpcRequest{one}
 	}
-	refused, logs := map[string]bool{}, map[string]bool{}
+	refused, logs, failed := map[string]bool{}, map[string]bool{}, map[string]bool{}
 	for _, req := range reqs {
+		if req.Method == "eth_call" && p.FailCalls.Load() {
+			failed[string(req.ID)] = true
+		}
 		if p.tooWide(req) {
 			refused[string(req.ID)] = true
 		}
@@ -96,7 +102,7 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	defer res.Body.Close()
 	out, _ := io.ReadAll(res.Body)
-	if len(refused) > 0 || len(logs) > 0 {
+	if len(refused) > 0 || len(logs) > 0 || len(failed) > 0 {
 		var answers []map[string]json.RawMessage
 		if batch {
 			_ = json.Unmarshal(out, &answers)
@@ -106,6 +112,10 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) {
 			answers = []map[string]json.RawMessage{one}
 		}
 		for _, a := range answers {
+			if failed[string(a["id"])] {
+				delete(a, "result")
+				a["error"] = json.RawMessage(`{"code":-32603,"message":"internal error"}`)
+			}
 			if refused[string(a["id"])] {
 				delete(a, "result")
 				a["error"] = json.RawMessage(`{"code":-32005,"message":"query returned more than 10000 results"}`)
