@@ -245,8 +245,5 @@ WITH d AS (
 	SELECT id, $1, 'status_changed', from_status, to_status, 'reconciler',
 		NULLIF(jsonb_strip_nulls(jsonb_build_object('reason', NULLIF(reason, ''), 'cause', NULLIF(cause, ''))), '{}'::jsonb)
 	FROM moved
-), wh AS (
-	INSERT INTO webhook_outbox (id, order_id, type, created_at, next_attempt_at)
-	SELECT 'evt_' || replace(gen_random_uuid()::text, '-', ''), id, 'order.' || to_status, $1, $1 FROM moved
 )
-SELECT count(*) FROM moved`
+SELECT id, to_status FROM moved`

@@ -139,14 +139,17 @@ func (r *Reconciler) decide(ctx context.Context, tx *sqlx.Tx, now time.Time, row
 		ids, from, to = append(ids, row.ID), append(from, string(f.Status)), append(to, string(status))
 		reasons, causes = append(reasons, string(reason)), append(causes, cause)
 	}
-	var moved int64
+	var moved []struct {
+		ID string `db:"id"`
+		To string `db:"to_status"`
+	}
 	if len(ids) > 0 {
-		if err := tx.GetContext(ctx, &moved, applyTransitions, now, pq.Array(ids), pq.Array(from), pq.Array(to),
+		if err := tx.SelectContext(ctx, &moved, applyTransitions, now, pq.Array(ids), pq.Array(from), pq.Array(to),
 			pq.Array(reasons), pq.Array(causes)); err != nil {
 			return 0, fmt.Errorf("apply transitions: %w", err)
 		}
-		if moved != int64(len(ids)) {
-			return 0, fmt.Errorf("applied %d of %d transitions of locked orders", moved, len(ids))
+		if len(moved) != len(ids) {
+			return 0, fmt.Errorf("applied %d of %d transitions of locked orders", len(moved), len(ids))
 		}
 	}
 	// Settling moves what the order's account holds to revenue: the
@@ -162,7 +165,15 @@ func (r *Reconciler) decide(ctx context.Context, tx *sqlx.Tx, now time.Time, row
 			return 0, err
 		}
 	}
-	return moved, nil
+	// The webhooks last, each with its order as the batch leaves it.
+	events := make([]orders.Event, len(moved))
+	for i, m := range moved {
+		events[i] = orders.Event{OrderID: m.ID, Type: "order." + m.To}
+	}
+	if err := r.Sealer.Enqueue(ctx, tx, now, events); err != nil {
+		return 0, err
+	}
+	return int64(len(moved)), nil
 }
 
 // adjustRefund keeps what is owed back for a refunded order equal to the

@@ -47,38 +47,13 @@ func (s *Sealer) Seal(ctx context.Context, tx *sqlx.Tx) (int, error) {
 	if len(rows) == 0 {
 		return 0, nil
 	}
-	// The orders in two statements and the bodies in one, however many
-	// events a transaction wrote (a pass may settle thousands of orders).
-	var ids []string
-	seen := map[string]bool{}
-	for _, r := range rows {
-		if !seen[r.OrderID] {
-			seen[r.OrderID] = true
-			ids = append(ids, r.OrderID)
-		}
+	ids := make([]string, len(rows))
+	for i, r := range rows {
+		ids[i] = r.OrderID
 	}
-	var orows []orderRow
-	if err := tx.SelectContext(ctx, &orows, `SELECT `+orderColumns+` FROM orders WHERE id = ANY($1)`, pq.Array(ids)); err != nil {
-		return 0, fmt.Errorf("read orders of webhook events: %w", err)
-	}
-	list := make([]*paywatch.Order, len(orows))
-	for i := range orows {
-		o, err := orows[i].order()
-		if err != nil {
-			return 0, err
-		}
-		list[i] = o
-	}
-	if err := attachTransfers(ctx, tx, list); err != nil {
+	views, err := s.render(ctx, tx, ids)
+	if err != nil {
 		return 0, err
-	}
-	views := make(map[string]json.RawMessage, len(list))
-	for _, o := range list {
-		view, err := json.Marshal(NewView(o, s.networks[o.Network]))
-		if err != nil {
-			return 0, fmt.Errorf("render order %s: %w", o.ID, err)
-		}
-		views[o.ID] = view
 	}
 	eventIDs, bodies := make([]string, len(rows)), make([]string, len(rows))
 	for i, r := range rows {
@@ -97,6 +72,103 @@ func (s *Sealer) Seal(ctx context.Context, tx *sqlx.Tx) (int, error) {
 		return 0, fmt.Errorf("seal %d webhook events: %w", len(rows), err)
 	}
 	return len(rows), nil
+}
+
+// render returns the views of the given orders as tx sees them: the orders
+// in two statements, however many (a pass may settle thousands).
+func (s *Sealer) render(ctx context.Context, tx *sqlx.Tx, orderIDs []string) (map[string]json.RawMessage, error) {
+	var ids []string
+	seen := map[string]bool{}
+	for _, id := range orderIDs {
+		if !seen[id] {
+			seen[id] = true
+			ids = append(ids, id)
+		}
+	}
+	var orows []orderRow
+	if err := tx.SelectContext(ctx, &orows, `SELECT `+orderColumns+` FROM orders WHERE id = ANY($1)`, pq.Array(ids)); err != nil {
+		return nil, fmt.Errorf("read orders of webhook events: %w", err)
+	}
+	list := make([]*paywatch.Order, len(orows))
+	for i := range orows {
+		o, err := orows[i].order()
+		if err != nil {
+			return nil, err
+		}
+		list[i] = o
+	}
+	if err := attachTransfers(ctx, tx, list); err != nil {
+		return nil, err
+	}
+	views := make(map[string]json.RawMessage, len(list))
+	for _, o := range list {
+		view, err := json.Marshal(NewView(o, s.networks[o.Network]))
+		if err != nil {
+			return nil, fmt.Errorf("render order %s: %w", o.ID, err)
+		}
+		views[o.ID] = view
+	}
+	return views, nil
+}
+
+// Event is a webhook event to enqueue: its type (order.settled, …) and
+// its order.
+type Event struct {
+	OrderID string
+	Type    string
+}
+
+// Enqueue writes webhook events into the outbox inside tx, each with its
+// body: the order as tx sees it now. Call it after tx's last change to
+// those orders (the reconciler does, for the events of a batch of
+// transitions): it spares the outbox a second write of every row. A nil
+// Sealer enqueues them unsealed, for Seal or the sender.
+func (s *Sealer) Enqueue(ctx context.Context, tx *sqlx.Tx, at time.Time, events []Event) error {
+	if len(events) == 0 {
+		return nil
+	}
+	ids, orderIDs, types := make([]string, len(events)), make([]string, len(events)), make([]string, len(events))
+	for i, e := range events {
+		ids[i], orderIDs[i], types[i] = paywatch.NewID("evt"), e.OrderID, e.Type
+	}
+	// The bodies travel as one binary parameter and their lengths (-1 for
+	// none): no quoting of thousands of JSON documents into an array.
+	var bodies []byte
+	lengths := make([]int64, len(events))
+	for i := range lengths {
+		lengths[i] = -1
+	}
+	if s != nil {
+		views, err := s.render(ctx, tx, orderIDs)
+		if err != nil {
+			return err
+		}
+		for i, e := range events {
+			view, ok := views[e.OrderID]
+			if !ok {
+				return fmt.Errorf("webhook %s: order %s not found", e.Type, e.OrderID)
+			}
+			body, err := json.Marshal(webhook.Event{ID: ids[i], Type: e.Type, CreatedAt: at.UTC(), Order: view})
+			if err != nil {
+				return fmt.Errorf("seal webhook %s: %w", ids[i], err)
+			}
+			bodies = append(bodies, body...)
+			lengths[i] = int64(len(body))
+		}
+	}
+	if bodies == nil {
+		bodies = []byte{}
+	}
+	if _, err := tx.ExecContext(ctx, `INSERT INTO webhook_outbox (id, order_id, type, created_at, next_attempt_at, body)
+		SELECT id, order_id, type, $1, $1,
+			CASE WHEN len >= 0 THEN convert_from(substring($5::bytea FROM (sum(greatest(len, 0)) OVER w - greatest(len, 0) + 1)::int
+				FOR len::int), 'UTF8') END
+		FROM unnest($2::text[], $3::text[], $4::text[], $6::bigint[]) WITH ORDINALITY AS u(id, order_id, type, len, n)
+		WINDOW w AS (ORDER BY n)`,
+		at, pq.Array(ids), pq.Array(orderIDs), pq.Array(types), bodies, pq.Array(lengths)); err != nil {
+		return fmt.Errorf("enqueue %d webhook events: %w", len(events), err)
+	}
+	return nil
 }
 
 // SealTx runs fn in a transaction and seals the webhook events it wrote

@@ -1,0 +1,87 @@
+package orders_test
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+
+	"github.com/paywatch/paywatch"
+	"github.com/paywatch/paywatch/migrations/pg"
+	"github.com/paywatch/paywatch/migrations/pgtest"
+	"github.com/paywatch/paywatch/reconcile/orders"
+	"github.com/paywatch/paywatch/reconcile/webhook"
+)
+
+// Enqueue writes each event with its own body (its id and type, its order
+// as the transaction sees it), however many events and orders a batch
+// holds; without a Sealer the events wait unsealed.
+func TestEnqueueWritesEachEventsBody(t *testing.T) {
+	db := pgtest.New(t)
+	s, clock := newStore(t, db)
+	ctx := context.Background()
+	a, _, err := s.Create(ctx, req("enq-a", usdt, 5_000_000))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _, err := s.Create(ctx, req("enq-b", usdt, 7_000_000))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pgtest.Exec(t, db, `DELETE FROM webhook_outbox`) // creation's own events
+	sealer := orders.NewSealer([]*paywatch.Network{eth})
+	events := []orders.Event{{OrderID: a.ID, Type: "order.confirming"}, {OrderID: b.ID, Type: "order.expired"},
+		{OrderID: a.ID, Type: "order.settled"}}
+	err = pg.Tx(ctx, db, func(tx *sqlx.Tx) error {
+		// A change earlier in the transaction shows in the body.
+		if _, err := tx.Exec(`UPDATE orders SET status = 'expired' WHERE id = $1`, b.ID); err != nil {
+			return err
+		}
+		return sealer.Enqueue(ctx, tx, clock.Now(), events)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rows []struct {
+		ID, OrderID, Type string
+		Body              string
+	}
+	if err := db.Select(&rows, `SELECT id AS "id", order_id AS "orderid", type AS "type", body AS "body"
+		FROM webhook_outbox ORDER BY seq`); err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != len(events) {
+		t.Fatalf("%d events written, want %d", len(rows), len(events))
+	}
+	for i, r := range rows {
+		var ev webhook.Event
+		if err := json.Unmarshal([]byte(r.Body), &ev); err != nil {
+			t.Fatalf("event %d: body %q: %v", i, r.Body, err)
+		}
+		var o struct {
+			ID     string `json:"id"`
+			Status string `json:"status"`
+		}
+		if err := json.Unmarshal(ev.Order, &o); err != nil {
+			t.Fatal(err)
+		}
+		want := map[string]string{a.ID: "awaiting_payment", b.ID: "expired"}[events[i].OrderID]
+		if ev.ID != r.ID || ev.Type != events[i].Type || r.OrderID != events[i].OrderID || o.ID != events[i].OrderID ||
+			o.Status != want || !ev.CreatedAt.Equal(clock.Now()) {
+			t.Fatalf("event %d: %s %s for %s, body %+v with order %+v", i, r.ID, r.Type, r.OrderID, ev, o)
+		}
+	}
+	// Without a Sealer: written unsealed, for the sender.
+	var none *orders.Sealer
+	if err := pg.Tx(ctx, db, func(tx *sqlx.Tx) error {
+		return none.Enqueue(ctx, tx, clock.Now().Add(time.Second), events[:1])
+	}); err != nil {
+		t.Fatal(err)
+	}
+	var unsealed int
+	if err := db.Get(&unsealed, `SELECT count(*) FROM webhook_outbox WHERE body IS NULL`); err != nil || unsealed != 1 {
+		t.Fatalf("%d unsealed events (%v), want 1", unsealed, err)
+	}
+}
