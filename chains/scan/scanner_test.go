@@ -199,15 +199,31 @@ func TestReorgWalkBack(t *testing.T) {
 	}
 }
 
-func TestBackoffIsCappedWithJitter(t *testing.T) {
+// The n-th retry waits min·2^(n-1), capped at max, less up to half of it
+// (jitter): it grows, and stays within the scanner's 0.5 s and 30 s.
+func TestBackoffGrowsCappedWithJitter(t *testing.T) {
 	for n := 1; n < 20; n++ {
-		d := backoff(100*time.Millisecond, 2*time.Second, n)
-		if d <= 0 || d > 2*time.Second {
-			t.Fatalf("backoff(%d) = %s", n, d)
+		step := DefaultRetryMin << (n - 1)
+		if step > DefaultRetryMax || step <= 0 {
+			step = DefaultRetryMax
+		}
+		lowest, highest := step, time.Duration(0)
+		for range 200 {
+			d := backoff(DefaultRetryMin, DefaultRetryMax, n)
+			if d < step/2 || d > step {
+				t.Fatalf("retry %d waits %s, want %s to %s", n, d, step/2, step)
+			}
+			lowest, highest = min(lowest, d), max(highest, d)
+		}
+		if highest-lowest < step/4 {
+			t.Fatalf("retry %d: waits from %s to %s, no jitter", n, lowest, highest)
 		}
 	}
-	if d := backoff(100*time.Millisecond, 2*time.Second, 1); d > 100*time.Millisecond || d < 50*time.Millisecond {
-		t.Fatalf("first backoff %s", d)
+	if d := backoff(DefaultRetryMin, DefaultRetryMax, 1); d < 250*time.Millisecond || d > 500*time.Millisecond {
+		t.Fatalf("first retry waits %s, want 0.25 s to 0.5 s", d)
+	}
+	if d := backoff(DefaultRetryMin, DefaultRetryMax, 50); d < 15*time.Second || d > 30*time.Second {
+		t.Fatalf("a long outage's retries wait %s, want 15 s to 30 s", d)
 	}
 }
 

@@ -102,7 +102,7 @@ func TestConfigErrors(t *testing.T) {
 		{"bad schedule", "networks:", "reconciler: {schedule: \"every now and then\"}\nnetworks:", "", "schedule"},
 		{"xpub on evm", `receive: {addresses: ["0x1111111111111111111111111111111111111111"]}`, `receive: {xpub: "xpub661MyMwAqRbcFtXgS5sYJABqqG9YLmC4Q1Rdap9gSE8NqtwybGhePY2gZ29ESFjqJoCu1Rupje8YtGqsefD265TMg7usUDFdp6W1EGMcet8"}`, "", "needs family bitcoin"},
 		{"missing chain id", "chain_id: 1337", "", "", "chain_id is required"},
-		{"no networks", "networks:", "networks: []\nx_unused:", "", "field x_unused not found"},
+		{"no networks", base[strings.Index(base, "networks:"):], "networks: []\n", "", "at least one network is required"},
 		{"missing decimals", "decimals: 6", "", "", "decimals is required"},
 		{"token without contract", `contract: "0xdAC17F958D2ee523a2206206994597C13D831ec7"`, "", "", "a token needs its contract"},
 		{"a name with format verbs", "      - symbol: USDT\n", "      - symbol: \"U%dS%sT\"\n", "", `"U%dS%sT" (line`},
