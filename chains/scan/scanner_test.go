@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"math/big"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -185,6 +186,7 @@ func TestReorgWalkBack(t *testing.T) {
 	short, store2 := newTestScanner(t, c2)
 	short.Window, short.MaxBatch = 5, 10
 	drain(t, short)
+	before := slices.Clone(c2.hashes)
 	c2.reorg(20, "c")
 	s = short
 	_, err := s.Step(context.Background())
@@ -194,8 +196,25 @@ func TestReorgWalkBack(t *testing.T) {
 	if err := store2.RecordStatus(context.Background(), "fake", nil, err.Error(), true); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Step(context.Background()); !errors.Is(err, ErrReorgTooDeep) {
-		t.Fatalf("a halted scanner resumed by itself: %v", err)
+	// The chain goes back to what the scanner had seen: nothing left to
+	// stop it but the halt, which only an operator's rewind clears.
+	c2.mu.Lock()
+	copy(c2.hashes, before)
+	c2.mu.Unlock()
+	for range 3 {
+		if _, err := s.Step(context.Background()); !errors.Is(err, ErrReorgTooDeep) {
+			t.Fatalf("a halted scanner resumed by itself: %v", err)
+		}
+	}
+	cur, _, err := store2.Cursor(context.Background(), "fake")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store2.Rewind(context.Background(), "fake", *cur); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Step(context.Background()); err != nil {
+		t.Fatalf("after the operator's rewind: %v", err)
 	}
 }
 
