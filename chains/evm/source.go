@@ -57,6 +57,9 @@ type Source struct {
 	// verifySpan is the widest block range Verify reads logs over; it
 	// halves when the node refuses a range.
 	verifySpan atomic.Uint64
+	// verifyKeys is how many checks one call carries (MaxVerifyKeys when
+	// zero); it halves while the node times out.
+	verifyKeys atomic.Int64
 
 	filterOnce      sync.Once
 	filterContracts []common.Address
@@ -258,7 +261,6 @@ func (s *Source) ScanWithHashes(ctx context.Context, from, to uint64, heights []
 				b.Hashes[n] = refs[i].Hash.Hex()
 			}
 		}
-		b.Hashes[to] = last.Hash.Hex()
 	}
 	if len(s.tokens) > 0 {
 		found := s.tokenTransfers(incoming)
@@ -335,8 +337,9 @@ func (s *Source) tokenTransfers(logs []types.Log) []scan.Found {
 		asset := s.tokens[l.Address]
 		// ERC-20 Transfer: three topics and a 32-byte value. (ERC-721 uses
 		// four topics; anything else is not a token payment.)
-		if l.Removed || asset == nil || len(l.Topics) != 3 || l.Topics[0] != TransferTopic || len(l.Data) != 32 {
-			continue
+		if l.Removed || asset == nil || len(l.Topics) != 3 || l.Topics[0] != TransferTopic || len(l.Data) != 32 ||
+			!paddedAddress(l.Topics[1]) || !paddedAddress(l.Topics[2]) {
+			continue // (an address topic with stray high bytes is no ERC-20 Transfer either)
 		}
 		recipient := common.BytesToAddress(l.Topics[2].Bytes())
 		if !s.tokenWatch[l.Address][recipient] {

@@ -2,6 +2,7 @@ package evm
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"math/big"
@@ -17,6 +18,16 @@ import (
 	"github.com/paywatch/paywatch/chains/scan"
 )
 
+// StateWindow is how many recent blocks a pruning node keeps the state of
+// (geth's default). A balance check the node cannot answer for a block it
+// held the state of when the scanner recorded the transfer came late: the
+// transfer waits rather than pass unchecked.
+const StateWindow = 128
+
+// MaxVerifyKeys bounds the (token, recipient, block) checks of one call to
+// the node; it halves while a node times out on them, and grows back.
+const MaxVerifyKeys = 500
+
 // balanceKey is one check of the fake-deposit guard: a holder's balance of
 // a token across one block.
 type balanceKey struct {
@@ -29,10 +40,13 @@ type balanceKey struct {
 // it checks that the recipient's balance moved, from the block before to
 // the block, by the block's Transfer events into it less those out of it.
 // A transfer whose block's events the balance does not bear out is flagged
-// balance_mismatch; one the node has no state for (a pruned node) is
-// flagged balance_unchecked. The events are read after the balances, so a
-// block that changed meanwhile is seen: its transfers get no verdict and
-// wait for the scanner to record the chain as it is now.
+// balance_mismatch. One the node has no state for is flagged
+// balance_unchecked only if its block was already older than StateWindow
+// when the scanner recorded it (a pruned node could never have answered);
+// otherwise it waits. The events into the holder are read after the
+// balances: a key gets a verdict only if they still hold the transfer's
+// block, at the hash it was recorded in. Transfers of a token no longer
+// configured, or whose block changed, get no verdict.
 func (s *Source) Verify(ctx context.Context, pending []scan.Unverified) ([]scan.Verdict, error) {
 	byKey := map[balanceKey][]scan.Unverified{}
 	var verdicts []scan.Verdict
@@ -41,13 +55,13 @@ func (s *Source) Verify(ctx context.Context, pending []scan.Unverified) ([]scan.
 		asset := s.tokens[c]
 		switch {
 		case asset == nil:
-			// The token is no longer configured: nothing can vouch for it.
-			verdicts = append(verdicts, scan.Verdict{ID: p.ID, BlockHash: p.BlockHash, Flag: FlagBalanceUnknown})
+			// The token is no longer configured: nothing decides for it
+			// (its transfers wait, paying nothing).
 		case asset.SkipBalanceCheck || !s.VerifyBalances:
 			// The operator has since said they trust this token.
 			verdicts = append(verdicts, scan.Verdict{ID: p.ID, BlockHash: p.BlockHash})
 		case p.BlockNumber == 0:
-			verdicts = append(verdicts, scan.Verdict{ID: p.ID, BlockHash: p.BlockHash, Flag: FlagBalanceUnknown})
+			// Nothing before the genesis block to compare with.
 		default:
 			k := balanceKey{c, common.HexToAddress(p.To), p.BlockNumber}
 			byKey[k] = append(byKey[k], p)
@@ -67,21 +81,31 @@ func (s *Source) Verify(ctx context.Context, pending []scan.Unverified) ([]scan.
 		return a.holder.Cmp(b.holder)
 	})
 	for len(keys) > 0 {
-		span := s.verifySpan.Load()
+		span, most := s.verifySpan.Load(), int(s.verifyKeys.Load())
 		if span == 0 {
 			span = scan.DefaultMaxBatch
 		}
+		if most == 0 {
+			most = MaxVerifyKeys
+		}
 		n := 1
-		for n < len(keys) && keys[n].block-keys[0].block < span {
+		for n < len(keys) && n < most && keys[n].block-keys[0].block < span {
 			n++
 		}
-		flags, hashes, err := s.verifyKeys(ctx, keys[:n])
-		if err != nil && rangeRefused(err) && span > 1 {
+		flags, hashes, err := s.checkKeys(ctx, keys[:n])
+		switch {
+		case err != nil && rangeRefused(err) && span > 1:
 			s.verifySpan.Store(max(span/2, 1))
 			continue
-		}
-		if err != nil {
+		case err != nil && errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil && n > 1:
+			// Too many calls for the node in one go: fewer at a time.
+			s.verifyKeys.Store(int64(max(n/2, 1)))
+			continue
+		case err != nil:
 			return verdicts, err
+		}
+		if n == most && most < MaxVerifyKeys {
+			s.verifyKeys.Store(int64(min(2*most, MaxVerifyKeys)))
 		}
 		for _, k := range keys[:n] {
 			flag, decided := flags[k]
@@ -89,9 +113,17 @@ func (s *Source) Verify(ctx context.Context, pending []scan.Unverified) ([]scan.
 				continue
 			}
 			for _, p := range byKey[k] {
-				if p.BlockHash == hashes[k] { // else recorded in a block since replaced
-					verdicts = append(verdicts, scan.Verdict{ID: p.ID, BlockHash: p.BlockHash, Flag: flag})
+				if p.BlockHash != hashes[k] {
+					continue // recorded in a block since replaced
 				}
+				if flag == FlagBalanceUnknown && p.RecordedHead < p.BlockNumber+StateWindow {
+					// The node had this block's state when the transfer was
+					// recorded: the check came too late, it did not fail.
+					s.log.Warn("the node no longer has the state to check a token transfer; it waits (an archive node can check it)",
+						"network", s.network.Name, "transfer", p.ID, "block", p.BlockNumber)
+					continue
+				}
+				verdicts = append(verdicts, scan.Verdict{ID: p.ID, BlockHash: p.BlockHash, Flag: flag})
 			}
 		}
 		keys = keys[n:]
@@ -99,10 +131,10 @@ func (s *Source) Verify(ctx context.Context, pending []scan.Unverified) ([]scan.
 	return verdicts, nil
 }
 
-// verifyKeys checks keys (sorted by block, within one span) and returns the
-// flag each earned ("" for none) and the hash of the block it was checked
-// in; a key left out got no verdict.
-func (s *Source) verifyKeys(ctx context.Context, keys []balanceKey) (map[balanceKey]string, map[balanceKey]string, error) {
+// checkKeys checks keys (sorted by block, within one span) and returns the
+// flag each earned ("" for none) and the hash of the block its transfers
+// were found in when checked; a key left out got no verdict.
+func (s *Source) checkKeys(ctx context.Context, keys []balanceKey) (map[balanceKey]string, map[balanceKey]string, error) {
 	from, to := keys[0].block, keys[len(keys)-1].block
 	holders := map[common.Address]map[common.Address]bool{} // contract → holders
 	for _, k := range keys {
@@ -111,13 +143,9 @@ func (s *Source) verifyKeys(ctx context.Context, keys []balanceKey) (map[balance
 		}
 		holders[k.contract][k.holder] = true
 	}
-	// The Transfer events out of (outgoing) and into (incoming) the holders
-	// over the span: a filter per contract and per TopicFilterMax holders.
-	type logQuery struct {
-		q      map[string]any
-		result []types.Log
-	}
-	var outgoing, incoming []*logQuery
+	// Filters of the Transfer events out of (outgoing) and into (incoming)
+	// the holders over the span: per contract and per TopicFilterMax holders.
+	var outFilters, inFilters []map[string]any
 	for c, hs := range holders {
 		list := make([]common.Hash, 0, len(hs))
 		for h := range hs {
@@ -130,30 +158,31 @@ func (s *Source) verifyKeys(ctx context.Context, keys []balanceKey) (map[balance
 			out, in := maps.Clone(base), maps.Clone(base)
 			out["topics"] = [][]common.Hash{{TransferTopic}, part}
 			in["topics"] = [][]common.Hash{{TransferTopic}, nil, part}
-			outgoing = append(outgoing, &logQuery{q: out})
-			incoming = append(incoming, &logQuery{q: in})
+			outFilters, inFilters = append(outFilters, out), append(inFilters, in)
 		}
 	}
-	before, after := make([]*hexutil.Bytes, len(keys)), make([]*hexutil.Bytes, len(keys))
-	first := make([]rpc.BatchElem, 0, 2*len(keys)+len(outgoing))
-	for _, o := range outgoing {
-		first = append(first, rpc.BatchElem{Method: "eth_getLogs", Args: []any{o.q}, Result: &o.result})
-	}
-	callsAt := len(first)
-	for i, k := range keys {
-		data := hexutil.Bytes(append(common.Hex2Bytes("70a08231"), common.LeftPadBytes(k.holder.Bytes(), 32)...))
-		call := map[string]any{"to": k.contract, "data": data}
-		first = append(first,
-			rpc.BatchElem{Method: "eth_call", Args: []any{call, blockTag(k.block - 1)}, Result: &before[i]},
-			rpc.BatchElem{Method: "eth_call", Args: []any{call, blockTag(k.block)}, Result: &after[i]})
-	}
-	second := make([]rpc.BatchElem, 0, len(incoming))
-	for _, in := range incoming {
-		second = append(second, rpc.BatchElem{Method: "eth_getLogs", Args: []any{in.q}, Result: &in.result})
-	}
-	unknown := map[balanceKey]bool{} // the node has no state for it
-	var mu sync.Mutex
+	// What one attempt on one node read; a failed attempt's answers never
+	// reach the next node's.
+	var outLogs, inLogs [][]types.Log
+	var before, after []*hexutil.Bytes
+	var unknown map[balanceKey]bool // the node has no state for it
 	err := s.nodes.call(ctx, func(ctx context.Context, e *endpoint) error {
+		outLogs, inLogs = make([][]types.Log, len(outFilters)), make([][]types.Log, len(inFilters))
+		before, after = make([]*hexutil.Bytes, len(keys)), make([]*hexutil.Bytes, len(keys))
+		unknown = map[balanceKey]bool{}
+		first := make([]rpc.BatchElem, 0, 2*len(keys)+len(outFilters))
+		for i, q := range outFilters {
+			first = append(first, rpc.BatchElem{Method: "eth_getLogs", Args: []any{q}, Result: &outLogs[i]})
+		}
+		callsAt := len(first)
+		for i, k := range keys {
+			data := hexutil.Bytes(append(common.Hex2Bytes("70a08231"), common.LeftPadBytes(k.holder.Bytes(), 32)...))
+			call := map[string]any{"to": k.contract, "data": data}
+			first = append(first,
+				rpc.BatchElem{Method: "eth_call", Args: []any{call, blockTag(k.block - 1)}, Result: &before[i]},
+				rpc.BatchElem{Method: "eth_call", Args: []any{call, blockTag(k.block)}, Result: &after[i]})
+		}
+		var mu sync.Mutex
 		// Batches of 200 calls, four at a time: a remote node's round trip
 		// is paid once per four batches.
 		g, gctx := errgroup.WithContext(ctx)
@@ -184,8 +213,11 @@ func (s *Source) verifyKeys(ctx context.Context, keys []balanceKey) (map[balance
 		if err := g.Wait(); err != nil {
 			return err
 		}
-		// The events into the holders, read after the balances: each
-		// key's block is still the one recorded if its events say so.
+		// The events into the holders, read after the balances.
+		second := make([]rpc.BatchElem, len(inFilters))
+		for i, q := range inFilters {
+			second[i] = rpc.BatchElem{Method: "eth_getLogs", Args: []any{q}, Result: &inLogs[i]}
+		}
 		if err := e.rpc.BatchCallContext(ctx, second); err != nil {
 			return err
 		}
@@ -204,42 +236,47 @@ func (s *Source) verifyKeys(ctx context.Context, keys []balanceKey) (map[balance
 		wanted[k] = true
 	}
 	expected := map[balanceKey]*big.Int{}
-	blockHash := map[balanceKey]common.Hash{}
-	stale := map[balanceKey]bool{} // its block is not the one its transfers were recorded in
-	add := func(logs []types.Log, holderTopic int, sign int) {
+	inHash := map[balanceKey]common.Hash{} // the block hash the events into the holder carry
+	stale := map[balanceKey]bool{}         // the two reads saw different blocks at its height
+	seen := map[balanceKey]common.Hash{}
+	add := func(logs []types.Log, holderTopic int, incoming bool) {
 		for _, l := range logs {
-			if l.Removed || len(l.Topics) != 3 || l.Topics[0] != TransferTopic || len(l.Data) != 32 {
+			if l.Removed || len(l.Topics) != 3 || l.Topics[0] != TransferTopic || len(l.Data) != 32 ||
+				!paddedAddress(l.Topics[1]) || !paddedAddress(l.Topics[2]) {
 				continue
 			}
 			k := balanceKey{l.Address, common.BytesToAddress(l.Topics[holderTopic].Bytes()), l.BlockNumber}
 			if !wanted[k] {
 				continue
 			}
-			if h, ok := blockHash[k]; ok && h != l.BlockHash {
+			if h, ok := seen[k]; ok && h != l.BlockHash {
 				stale[k] = true
 			}
-			blockHash[k] = l.BlockHash
+			seen[k] = l.BlockHash
+			if incoming {
+				inHash[k] = l.BlockHash
+			}
 			if expected[k] == nil {
 				expected[k] = new(big.Int)
 			}
 			v := new(big.Int).SetBytes(l.Data)
-			if sign < 0 {
+			if !incoming {
 				v.Neg(v)
 			}
 			expected[k].Add(expected[k], v)
 		}
 	}
-	for _, q := range incoming {
-		add(q.result, 2, +1)
+	for _, logs := range inLogs {
+		add(logs, 2, true)
 	}
-	for _, q := range outgoing {
-		add(q.result, 1, -1)
+	for _, logs := range outLogs {
+		add(logs, 1, false)
 	}
 	flags, hashes := map[balanceKey]string{}, map[balanceKey]string{}
 	for i, k := range keys {
-		h, ok := blockHash[k]
+		h, ok := inHash[k]
 		if !ok || stale[k] {
-			continue // the block changed (or lost its events): no verdict
+			continue // its block changed, or lost the transfers: no verdict
 		}
 		hashes[k] = h.Hex()
 		if unknown[k] || before[i] == nil || after[i] == nil {
@@ -256,4 +293,15 @@ func (s *Source) verifyKeys(ctx context.Context, keys []balanceKey) (map[balance
 		flags[k] = ""
 	}
 	return flags, hashes, nil
+}
+
+// paddedAddress reports whether a topic holds an address as Solidity
+// encodes one: twenty bytes, zero-padded on the left.
+func paddedAddress(h common.Hash) bool {
+	for _, b := range h[:12] {
+		if b != 0 {
+			return false
+		}
+	}
+	return true
 }

@@ -215,7 +215,7 @@ func (s *Scanner) runVerifier(ctx context.Context, v Verifier) {
 			wait = backoff(s.RetryMin, s.RetryMax, failures)
 			s.Log.Warn("verifying transfers failed; they stay unconfirmed", "err", err, "retry_in", wait.Round(time.Millisecond))
 			if s.Observer != nil {
-				s.Observer.StepFailed(s.Network.Name, ErrorKind(err))
+				s.Observer.StepFailed(s.Network.Name, "balance_check")
 			}
 		} else {
 			failures = 0
@@ -250,25 +250,31 @@ func (s *Scanner) VerifyPending(ctx context.Context) (int, error) {
 
 func (s *Scanner) verifyPending(ctx context.Context, v Verifier) (int, error) {
 	total := 0
+	var afterBlock uint64
+	afterID := ""
 	for {
-		pending, err := s.Store.Unverified(ctx, s.Network.Name, VerifyBatch)
+		pending, err := s.Store.Unverified(ctx, s.Network.Name, afterBlock, afterID, VerifyBatch)
 		if err != nil || len(pending) == 0 {
 			return total, err
 		}
-		verdicts, err := v.Verify(ctx, pending)
-		if err != nil {
-			return total, fmt.Errorf("verify %d transfers: %w", len(pending), err)
-		}
+		verdicts, verr := v.Verify(ctx, pending)
+		// What was decided before a failure is kept.
 		n, err := s.Store.RecordVerdicts(ctx, s.Network.Name, verdicts)
 		total += n
+		if verr != nil {
+			return total, fmt.Errorf("verify %d transfers: %w", len(pending), verr)
+		}
 		if err != nil {
 			return total, err
 		}
-		if n == 0 || len(pending) < VerifyBatch {
-			// Nothing decided (blocks the scanner has yet to see replaced),
-			// or nothing more waiting.
+		if len(pending) < VerifyBatch {
 			return total, nil
 		}
+		// Those left without a verdict (a block the scanner has yet to see
+		// replaced, say) are tried again next round; this one goes on past
+		// them.
+		last := pending[len(pending)-1]
+		afterBlock, afterID = last.BlockNumber, last.ID
 	}
 }
 
@@ -420,6 +426,23 @@ func (s *Scanner) Step(ctx context.Context) (caughtUp bool, err error) {
 func (s *Scanner) commitBatch(ctx context.Context, cur *Block, orphanAbove *uint64, from, to uint64, head Head, batch *Batch) (bool, error) {
 	if batch.Head != nil && batch.Head.Number > head.Number {
 		head = *batch.Head
+	}
+	// The batch must continue the chain the scanner stands on: its parent
+	// is the cursor block, or the fork point a reorg walked back to. A
+	// reorg between the cursor check and the read shows here, not as a
+	// batch of the new chain on top of the old cursor.
+	var below *Block
+	switch {
+	case orphanAbove != nil:
+		below = &Block{Number: *orphanAbove}
+		if stored, err := s.Store.RecentBlocks(ctx, s.Network.Name, *orphanAbove); err == nil && len(stored) > 0 && stored[0].Number == *orphanAbove {
+			below.Hash = stored[0].Hash
+		}
+	case cur != nil:
+		below = cur
+	}
+	if below != nil && below.Hash != "" && batch.Parent != nil && (batch.Parent.Number != below.Number || batch.Parent.Hash != below.Hash) {
+		return false, inconsistentError{below.Number}
 	}
 	if cur == nil && from > 0 {
 		// Anchor the first batch to its parent, so that a reorg reaching

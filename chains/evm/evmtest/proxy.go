@@ -34,6 +34,9 @@ type Proxy struct {
 	FailCalls atomic.Bool
 	// Delay is added to every request, like the round trip to a hosted node.
 	Delay atomic.Int64 // nanoseconds
+	// CallDelay is added per call a request carries (a batch of 200 calls
+	// waits 200 times as long), like a node's work on each.
+	CallDelay atomic.Int64 // nanoseconds
 	// Refused counts refused eth_getLogs calls; LogCalls the served ones.
 	Refused, LogCalls atomic.Int64
 	target            string
@@ -82,6 +85,9 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) {
 		var one rpcRequest
 		_ = json.Unmarshal(body, &one)
 		reqs = []rpcRequest{one}
+	}
+	if d := p.CallDelay.Load(); d > 0 {
+		time.Sleep(time.Duration(d * int64(len(reqs))))
 	}
 	refused, logs, failed := map[string]bool{}, map[string]bool{}, map[string]bool{}
 	for _, req := range reqs {
