@@ -54,7 +54,9 @@ func (l *Lease) Release() {
 
 // RunLeased runs job whenever this instance holds the lease called name,
 // polling for it every interval while another instance holds it. The job's
-// context is cancelled when the lease is lost. RunLeased returns when ctx
+// context is cancelled when the lease is lost (its connection checked every
+// interval); a lease taken over from another instance starts its job two
+// intervals later, by when the other has stopped its own. RunLeased returns when ctx
 // ends, or with the job's error when the job fails for good (it is not
 // restarted).
 func RunLeased(ctx context.Context, db *sqlx.DB, name string, interval time.Duration, log *slog.Logger, job func(context.Context) error) error {
@@ -63,6 +65,18 @@ func RunLeased(ctx context.Context, db *sqlx.DB, name string, interval time.Dura
 		lease, err := TryLease(ctx, db, name)
 		if err != nil && ctx.Err() == nil {
 			log.Warn("could not try the lease", "lease", name, "err", err)
+		}
+		if lease != nil && waiting {
+			// Taken from another instance: it may not know yet. It checks
+			// its lease every interval and stops its job when the check
+			// fails; wait that long (twice, for its check's own round
+			// trip) so that the two never run at once.
+			select {
+			case <-ctx.Done():
+				lease.Release()
+				return ctx.Err()
+			case <-time.After(2 * interval):
+			}
 		}
 		if lease != nil {
 			log.Info("lease taken; running", "lease", name)

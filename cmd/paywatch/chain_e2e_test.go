@@ -112,9 +112,16 @@ func TestPaymentsSeenAcrossDaemonKill(t *testing.T) {
 		t.Fatalf("settled order %v", settled)
 	}
 
+	// The scanner's holder: the daemon whose log says it took the lease
+	// scan:devnet (each also takes others, the reconciler's among them);
+	// exactly one of the two does.
+	const scanLease = `msg="lease taken; running" lease=scan:devnet`
 	holder, standby := a, b
-	if !strings.Contains(a.logText(), "lease taken") {
+	if strings.Contains(b.logText(), scanLease) {
 		holder, standby = b, a
+	}
+	if !strings.Contains(holder.logText(), scanLease) || strings.Contains(standby.logText(), scanLease) {
+		t.Fatalf("not exactly one daemon holds the scanner's lease:\n%s\n%s", a.logText(), b.logText())
 	}
 	if err := holder.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
