@@ -242,3 +242,34 @@ func TestChainRescanKeepsVerdicts(t *testing.T) {
 	}
 	e.expect(o, paywatch.StatusSettled, "")
 }
+
+// At match time: balance_mismatch never pays, balance_unchecked (a pruned
+// node could not check a block already old when recorded) does, and
+// balance_pending waits for its verdict.
+func TestBalanceFlagsAtMatchTime(t *testing.T) {
+	for _, c := range []struct {
+		flag string
+		want paywatch.Status
+	}{
+		{"balance_unchecked", paywatch.StatusSettled},
+		{"balance_mismatch", paywatch.StatusAwaitingPayment},
+		{"balance_pending", paywatch.StatusAwaitingPayment},
+		{"", paywatch.StatusSettled},
+	} {
+		t.Run(c.flag, func(t *testing.T) {
+			f := newFixture(t)
+			o := f.order(usdt, 10_000_000)
+			var flags []string
+			if c.flag != "" {
+				flags = []string{c.flag}
+			}
+			p := payment{asset: usdt, to: shop, amount: o.PayAmount.Int64(), flags: flags}
+			if c.flag == "balance_pending" {
+				p.state = "seen" // a pending transfer never confirms
+			}
+			f.pay(p)
+			f.pass()
+			f.expect(o, c.want, "")
+		})
+	}
+}
