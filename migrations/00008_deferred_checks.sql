@@ -6,10 +6,6 @@
 -- at or below which blocks are confirmed, so that a verdict confirms at
 -- once what is deep enough.
 ALTER TABLE chain_cursors ADD COLUMN confirmed_height BIGINT;
--- The head when the scanner recorded the transfer in its block: a node
--- that has dropped the state of a block that was recent then only shows
--- the check came late, which must not pass as "unchecked".
-ALTER TABLE transfers ADD COLUMN recorded_head BIGINT;
 
 -- The transfers not confirmed yet: the confirmation step's work and the
 -- verifier's queue. It stays the size of what waits, however long the
@@ -34,5 +30,4 @@ CREATE TRIGGER transfers_notify_update AFTER UPDATE ON transfers FOR EACH ROW
         OR OLD.block_number IS DISTINCT FROM NEW.block_number OR OLD.tx_hash IS DISTINCT FROM NEW.tx_hash))
     EXECUTE FUNCTION paywatch_notify_order();
 DROP INDEX transfers_unconfirmed_idx;
-ALTER TABLE transfers DROP COLUMN recorded_head;
 ALTER TABLE chain_cursors DROP COLUMN confirmed_height;

@@ -78,13 +78,13 @@ func (n *nodes) call(ctx context.Context, fn func(ctx context.Context, e *endpoi
 // results, too wide a range or a query that ran too long on their side. A
 // call that gets no answer in time is not one: the next node is tried.
 func rangeRefused(err error) bool {
+	msg := strings.ToLower(err.Error())
+	if errors.Is(err, context.DeadlineExceeded) || strings.Contains(msg, "too many requests") || strings.Contains(msg, "rate limit") {
+		return false // a rate limit is no answer about the range
+	}
 	var rpcErr rpc.Error
 	if errors.As(err, &rpcErr) && rpcErr.ErrorCode() == -32005 {
 		return true
-	}
-	msg := strings.ToLower(err.Error())
-	if errors.Is(err, context.DeadlineExceeded) {
-		return false
 	}
 	for _, s := range []string{"too many", "range", "limit exceeded", "query returned more than", "response size", "query timeout", "exceeds"} {
 		if strings.Contains(msg, s) {

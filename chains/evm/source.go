@@ -482,11 +482,21 @@ func (s *Source) scanNative(ctx context.Context, from, to uint64) ([]scan.Found,
 	return kept, refs, nil
 }
 
-// stateUnavailable recognises a pruned node's answer for old state.
+// stateUnavailable recognises a pruned node's answer for old state (geth,
+// Erigon, Nethermind, Besu). A revert is never one, whatever its reason
+// says: a token's own code must not pass its check as "unchecked".
 func stateUnavailable(err error) bool {
 	msg := strings.ToLower(err.Error())
-	return strings.Contains(msg, "missing trie node") || strings.Contains(msg, "state not available") ||
-		strings.Contains(msg, "historical state") || strings.Contains(msg, "pruned")
+	if strings.Contains(msg, "revert") {
+		return false
+	}
+	for _, s := range []string{"missing trie node", "state not available", "historical state", "pruned",
+		"no state available", "world state unavailable", "state is not available"} {
+		if strings.Contains(msg, s) {
+			return true
+		}
+	}
+	return false
 }
 
 // LookupTx reads one transaction from the node — its receipt's Transfer

@@ -18,12 +18,6 @@ import (
 	"github.com/paywatch/paywatch/chains/scan"
 )
 
-// StateWindow is how many recent blocks a pruning node keeps the state of
-// (geth's default). A balance check the node cannot answer for a block it
-// held the state of when the scanner recorded the transfer came late: the
-// transfer waits rather than pass unchecked.
-const StateWindow = 128
-
 // MaxVerifyKeys bounds the (token, recipient, block) checks of one call to
 // the node; it halves while a node times out on them, and grows back.
 const MaxVerifyKeys = 500
@@ -40,13 +34,13 @@ type balanceKey struct {
 // it checks that the recipient's balance moved, from the block before to
 // the block, by the block's Transfer events into it less those out of it.
 // A transfer whose block's events the balance does not bear out is flagged
-// balance_mismatch. One the node has no state for is flagged
-// balance_unchecked only if its block was already older than StateWindow
-// when the scanner recorded it (a pruned node could never have answered);
-// otherwise it waits. The events into the holder are read after the
-// balances: a key gets a verdict only if they still hold the transfer's
-// block, at the hash it was recorded in. Transfers of a token no longer
-// configured, or whose block changed, get no verdict.
+// balance_mismatch; one the node has no state for (a pruned node, for a
+// block older than the state it keeps) balance_unchecked. The events into
+// the holder are read after the balances: a key gets a verdict only if
+// they still hold the transfer's block, at the hash it was recorded in.
+// Transfers of a token no longer configured, whose block changed, or whose
+// balance call failed otherwise (a token whose balanceOf reverts) get no
+// verdict and wait; the others are decided regardless.
 func (s *Source) Verify(ctx context.Context, pending []scan.Unverified) ([]scan.Verdict, error) {
 	byKey := map[balanceKey][]scan.Unverified{}
 	var verdicts []scan.Verdict
@@ -97,6 +91,8 @@ func (s *Source) Verify(ctx context.Context, pending []scan.Unverified) ([]scan.
 		case err != nil && rangeRefused(err) && span > 1:
 			s.verifySpan.Store(max(span/2, 1))
 			continue
+		case err == nil && span < scan.DefaultMaxBatch:
+			s.verifySpan.Store(min(2*span, scan.DefaultMaxBatch)) // grows back
 		case err != nil && errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil && n > 1:
 			// Too many calls for the node in one go: fewer at a time.
 			s.verifyKeys.Store(int64(max(n/2, 1)))
@@ -115,13 +111,6 @@ func (s *Source) Verify(ctx context.Context, pending []scan.Unverified) ([]scan.
 			for _, p := range byKey[k] {
 				if p.BlockHash != hashes[k] {
 					continue // recorded in a block since replaced
-				}
-				if flag == FlagBalanceUnknown && p.RecordedHead < p.BlockNumber+StateWindow {
-					// The node had this block's state when the transfer was
-					// recorded: the check came too late, it did not fail.
-					s.log.Warn("the node no longer has the state to check a token transfer; it waits (an archive node can check it)",
-						"network", s.network.Name, "transfer", p.ID, "block", p.BlockNumber)
-					continue
 				}
 				verdicts = append(verdicts, scan.Verdict{ID: p.ID, BlockHash: p.BlockHash, Flag: flag})
 			}
@@ -166,10 +155,11 @@ func (s *Source) checkKeys(ctx context.Context, keys []balanceKey) (map[balanceK
 	var outLogs, inLogs [][]types.Log
 	var before, after []*hexutil.Bytes
 	var unknown map[balanceKey]bool // the node has no state for it
+	var failed map[balanceKey]bool  // its balance call failed otherwise: no verdict
 	err := s.nodes.call(ctx, func(ctx context.Context, e *endpoint) error {
 		outLogs, inLogs = make([][]types.Log, len(outFilters)), make([][]types.Log, len(inFilters))
 		before, after = make([]*hexutil.Bytes, len(keys)), make([]*hexutil.Bytes, len(keys))
-		unknown = map[balanceKey]bool{}
+		unknown, failed = map[balanceKey]bool{}, map[balanceKey]bool{}
 		first := make([]rpc.BatchElem, 0, 2*len(keys)+len(outFilters))
 		for i, q := range outFilters {
 			first = append(first, rpc.BatchElem{Method: "eth_getLogs", Args: []any{q}, Result: &outLogs[i]})
@@ -200,11 +190,17 @@ func (s *Source) checkKeys(ctx context.Context, keys []balanceKey) (map[balanceK
 					if i+j < callsAt {
 						return fmt.Errorf("eth_getLogs: %w", el.Error)
 					}
-					if !stateUnavailable(el.Error) {
-						return fmt.Errorf("eth_call balanceOf: %w", el.Error)
-					}
+					k := keys[(i+j-callsAt)/2]
 					mu.Lock()
-					unknown[keys[(i+j-callsAt)/2]] = true
+					if stateUnavailable(el.Error) {
+						unknown[k] = true
+					} else {
+						// This key alone waits (a token whose balanceOf
+						// reverts stalls no one else).
+						failed[k] = true
+						s.log.Warn("a balance call failed; its transfers wait", "network", s.network.Name,
+							"contract", k.contract.Hex(), "holder", k.holder.Hex(), "block", k.block, "err", el.Error)
+					}
 					mu.Unlock()
 				}
 				return nil
@@ -275,8 +271,8 @@ func (s *Source) checkKeys(ctx context.Context, keys []balanceKey) (map[balanceK
 	flags, hashes := map[balanceKey]string{}, map[balanceKey]string{}
 	for i, k := range keys {
 		h, ok := inHash[k]
-		if !ok || stale[k] {
-			continue // its block changed, or lost the transfers: no verdict
+		if !ok || stale[k] || failed[k] {
+			continue // its block changed, lost the transfers, or its call failed: no verdict
 		}
 		hashes[k] = h.Hex()
 		if unknown[k] || before[i] == nil || after[i] == nil {

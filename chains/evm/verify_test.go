@@ -7,6 +7,7 @@ import (
 	"math/big"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -48,25 +49,6 @@ func (e *env) withoutNative() {
 		}
 	}
 	e.network.Assets = kept
-}
-
-// A fake deposit recorded at the head, whose check runs only after the
-// pruned node dropped the block's state (the verifier fell behind): the
-// check came late, it did not fail, so the transfer waits — it never
-// becomes balance_unchecked, the one flag that pays.
-func TestLateCheckOnAPrunedNodeWaits(t *testing.T) {
-	e := newEnv(t, evmtest.Pruned())
-	e.network.StartBlock = e.chain.Head()
-	s := e.scanner()
-	fake := e.usdt.FakeTransfer(e.chain.Payer, e.shop, big.NewInt(1_000_000))
-	e.chain.Mine(1)
-	stepToHead(t, s)
-	e.chain.Mine(300)
-	stepToHead(t, s)
-	if _, err := s.VerifyPending(t.Context()); err != nil {
-		t.Fatal(err)
-	}
-	e.expect(want{fake, "USDT", "1000000", "seen", scan.FlagBalancePending})
 }
 
 // The operator removes a token (it emitted fake events, say): its pending
@@ -331,4 +313,150 @@ func TestBalanceChecksShrinkToASlowNode(t *testing.T) {
 	if err != nil || n != 500 {
 		t.Fatalf("verified %d of 500 (%v)", n, err)
 	}
+}
+
+// A reorg reaching below the first scanned block (scanning began less than
+// a window ago): the scan starts again from there, its anchor replaced,
+// instead of refusing every batch for not continuing the replaced anchor.
+func TestReorgBelowTheFirstScannedBlock(t *testing.T) {
+	e := newEnv(t)
+	e.withoutNative()
+	c := e.chain
+	c.Mine(5)
+	e.network.StartBlock = c.Head()
+	s := e.scanner()
+	e.usdt.Transfer(c.Payer, e.shop, big.NewInt(3_000_000))
+	c.Mine(1)
+	stepToHead(t, s)
+	// Replace everything from the block before the first scanned one.
+	c.Reorg(4, 2, false, nil)
+	var last error
+	for i := 0; i < 50; i++ {
+		caught, err := s.Step(t.Context())
+		last = err
+		if err == nil && caught {
+			cur, _, _ := e.store.Cursor(t.Context(), "devnet")
+			if cur.Hash == c.HashAt(cur.Number).Hex() {
+				return
+			}
+		}
+	}
+	t.Fatalf("scanner never got past the reorg below its first block; last error: %v", last)
+}
+
+// poisonFront is a node front that answers eth_call to contract with the
+// given error (a token whose balanceOf reverts; or, with a pruning
+// message, a Nethermind/Besu node without the state).
+func poisonFront(t *testing.T, target string, contract string, errJSON string) string {
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		res, err := http.Post(target, "application/json", bytes.NewReader(body))
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadGateway)
+			return
+		}
+		out, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		if len(body) > 0 && body[0] == '[' && bytes.Contains(body, []byte(`"eth_call"`)) {
+			var reqs []map[string]json.RawMessage
+			var answers []map[string]json.RawMessage
+			_ = json.Unmarshal(body, &reqs)
+			_ = json.Unmarshal(out, &answers)
+			bad := map[string]bool{}
+			for _, q := range reqs {
+				if string(q["method"]) == `"eth_call"` && strings.Contains(strings.ToLower(string(q["params"])), strings.ToLower(contract)) {
+					bad[string(q["id"])] = true
+				}
+			}
+			for _, a := range answers {
+				if bad[string(a["id"])] {
+					delete(a, "result")
+					a["error"] = json.RawMessage(errJSON)
+				}
+			}
+			out, _ = json.Marshal(answers)
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(out)
+	}))
+	t.Cleanup(front.Close)
+	return front.URL
+}
+
+// One token's balanceOf errs (a token whose owner makes it revert for the
+// shop, with a reason that even says "pruned"; Nethermind's or Besu's
+// answer for state they dropped): the other tokens' payments are decided
+// all the same, and the failing key never passes as checked.
+func TestOneFailingBalanceCallStallsNoOtherToken(t *testing.T) {
+	for name, errJSON := range map[string]string{
+		"revert":     `{"code":3,"message":"execution reverted: pruned"}`,
+		"nethermind": `{"code":-32002,"message":"No state available for block 0xabc (12)"}`,
+		"besu":       `{"code":-32000,"message":"World state unavailable"}`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			e := newEnv(t)
+			e.withoutNative()
+			e.network.RPCURLs = []string{poisonFront(t, e.chain.URL, e.dai.Address.Hex()[2:], errJSON)}
+			e.network.StartBlock = e.chain.Head()
+			dai := e.dai.Transfer(e.chain.Payer, e.shop, big.NewInt(1)) // one DAI wei, earliest block
+			e.chain.Mine(1)
+			var honest []common.Hash
+			for i := range 5 {
+				honest = append(honest, e.usdt.Transfer(e.chain.Payer, e.shop, big.NewInt(int64(5_000_000+i))))
+				e.chain.Mine(1)
+			}
+			s := e.scanner()
+			stepToHead(t, s)
+			for range 3 {
+				_, _ = s.VerifyPending(t.Context())
+			}
+			e.chain.Mine(5)
+			stepToHead(t, s)
+			stuck := 0
+			for _, g := range e.transfers() {
+				if g.Asset == "USDT" && slices.Contains(g.Flags, scan.FlagBalancePending) {
+					stuck++
+				}
+			}
+			if stuck > 0 {
+				t.Fatalf("%d of %d honest USDT payments wait for ever behind one DAI key", stuck, len(honest))
+			}
+			for _, g := range e.transfers() {
+				if g.TxHash == dai.Hex() && name == "revert" && !slices.Equal(g.Flags, []string{scan.FlagBalancePending}) {
+					t.Fatalf("a token whose balanceOf reverts got a verdict: %s", g)
+				}
+				if g.TxHash == dai.Hex() && name != "revert" && !slices.Equal(g.Flags, []string{"balance_unchecked"}) {
+					t.Fatalf("a node without the state: %s, want balance_unchecked", g)
+				}
+			}
+		})
+	}
+}
+
+// A pruned node, and a daemon that stops right after recording a payment
+// at the head and stays down for longer than the node keeps state: the
+// payment is decided when it comes back (balance_unchecked, as a catch-up
+// over the same blocks gives), it does not wait for ever.
+func TestPrunedNodeLateCheckDecides(t *testing.T) {
+	e := newEnv(t, evmtest.Pruned())
+	e.withoutNative()
+	e.network.StartBlock = e.chain.Head()
+	s := e.scanner()
+	honest := e.usdt.Transfer(e.chain.Payer, e.shop, big.NewInt(9_000_000))
+	e.chain.Mine(1)
+	stepToHead(t, s) // recorded at the head; the daemon stops before its check
+	// What a pruned node cannot check stays unchecked, as README says:
+	// this one a catch-up reads more than 128 blocks late.
+	fake := e.usdt.FakeTransfer(e.chain.Payer, e.shop, big.NewInt(1_000_000))
+	e.chain.Mine(1)
+	e.chain.Mine(300)
+	s = e.scanner() // restart
+	stepToHead(t, s)
+	for range 2 {
+		if _, err := s.VerifyPending(t.Context()); err != nil {
+			t.Log(err)
+		}
+	}
+	e.expect(want{honest, "USDT", "9000000", "confirmed", "balance_unchecked"},
+		want{fake, "USDT", "1000000", "confirmed", "balance_unchecked"})
 }

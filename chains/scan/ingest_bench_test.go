@@ -42,7 +42,7 @@ func BenchmarkIngest(b *testing.B) {
 			found := batch(fmt.Sprintf("%06d", run))
 			b.StartTimer()
 			if err := pg.Tx(ctx, db, func(tx *sqlx.Tx) error {
-				return upsertTransfers(ctx, tx, "ethereum", found, time.Now(), 0, 0)
+				return upsertTransfers(ctx, tx, "ethereum", found, time.Now(), 0)
 			}); err != nil {
 				b.Fatal(err)
 			}

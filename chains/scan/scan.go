@@ -98,8 +98,6 @@ type Unverified struct {
 	To          string
 	BlockNumber uint64
 	BlockHash   string
-	// RecordedHead is the head when the scanner recorded it (0 unknown).
-	RecordedHead uint64
 }
 
 // Verdict is a Verifier's word on one transfer: Flag is "" when it checks

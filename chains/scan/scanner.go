@@ -314,7 +314,7 @@ func (s *Scanner) Step(ctx context.Context) (caughtUp bool, err error) {
 		}
 		if p != nil && p.err == nil && p.batch.Head != nil && p.batch.Parent != nil &&
 			p.batch.Parent.Number == cur.Number && p.batch.Parent.Hash == cur.Hash && p.to <= p.batch.Head.Number {
-			return s.commitBatch(ctx, cur, nil, p.from, p.to, *p.batch.Head, p.batch)
+			return s.commitBatch(ctx, cur, nil, "", p.from, p.to, *p.batch.Head, p.batch)
 		}
 		if p != nil && p.err == nil {
 			ahead = p // usable once the cursor is checked below
@@ -349,6 +349,7 @@ func (s *Scanner) Step(ctx context.Context) (caughtUp bool, err error) {
 	}
 	var from uint64
 	var orphanAbove *uint64
+	forkHash := "" // the canonical hash of the fork point, when the walk-back checked one
 	switch {
 	case cur == nil && s.Network.StartLatest:
 		from = head.Number
@@ -367,10 +368,11 @@ func (s *Scanner) Step(ctx context.Context) (caughtUp bool, err error) {
 		}
 		from = cur.Number + 1
 		if hash != cur.Hash {
-			above, err := s.forkPoint(ctx, cur)
+			above, hash, err := s.forkPoint(ctx, cur)
 			if err != nil {
 				return false, err
 			}
+			forkHash = hash
 			orphanAbove, from = &above, above+1
 			s.Log.Warn("reorg detected", "cursor", cur.Number, "fork_below", above+1)
 		}
@@ -418,31 +420,35 @@ func (s *Scanner) Step(ctx context.Context) (caughtUp bool, err error) {
 	if err != nil {
 		return false, fmt.Errorf("scan blocks %d-%d: %w", from, to, err)
 	}
-	return s.commitBatch(ctx, cur, orphanAbove, from, to, head, batch)
+	return s.commitBatch(ctx, cur, orphanAbove, forkHash, from, to, head, batch)
 }
 
 // commitBatch verifies a scanned batch, starts reading the next one, and
 // commits this one with the new cursor.
-func (s *Scanner) commitBatch(ctx context.Context, cur *Block, orphanAbove *uint64, from, to uint64, head Head, batch *Batch) (bool, error) {
+func (s *Scanner) commitBatch(ctx context.Context, cur *Block, orphanAbove *uint64, forkHash string, from, to uint64, head Head, batch *Batch) (bool, error) {
 	if batch.Head != nil && batch.Head.Number > head.Number {
 		head = *batch.Head
 	}
 	// The batch must continue the chain the scanner stands on: its parent
-	// is the cursor block, or the fork point a reorg walked back to. A
-	// reorg between the cursor check and the read shows here, not as a
-	// batch of the new chain on top of the old cursor.
+	// is the cursor block, or the fork point a reorg walked back to (when
+	// the walk-back found one still canonical; below where scanning began
+	// there is none to hold it to). A reorg between the cursor check and
+	// the read shows here, not as a batch of the new chain on top of the
+	// old cursor.
 	var below *Block
 	switch {
 	case orphanAbove != nil:
-		below = &Block{Number: *orphanAbove}
-		if stored, err := s.Store.RecentBlocks(ctx, s.Network.Name, *orphanAbove); err == nil && len(stored) > 0 && stored[0].Number == *orphanAbove {
-			below.Hash = stored[0].Hash
-		}
+		below = &Block{Number: *orphanAbove, Hash: forkHash}
 	case cur != nil:
 		below = cur
 	}
 	if below != nil && below.Hash != "" && batch.Parent != nil && (batch.Parent.Number != below.Number || batch.Parent.Hash != below.Hash) {
 		return false, inconsistentError{below.Number}
+	}
+	if below != nil && below.Hash == "" && batch.Parent != nil && batch.Parent.Number == below.Number {
+		// The new anchor below where scanning began: kept, in place of
+		// the replaced one.
+		batch.Blocks = append(batch.Blocks, *batch.Parent)
 	}
 	if cur == nil && from > 0 {
 		// Anchor the first batch to its parent, so that a reorg reaching
@@ -588,15 +594,16 @@ func (s *Scanner) verify(ctx context.Context, b *Batch, from, to uint64, head He
 }
 
 // forkPoint walks the stored hashes down from the cursor to the highest
-// block still on the canonical chain and returns its height: everything
-// above it is to be rescanned.
-func (s *Scanner) forkPoint(ctx context.Context, cur *Block) (uint64, error) {
+// block still on the canonical chain and returns its height and hash:
+// everything above it is to be rescanned. (Below where scanning began, the
+// height comes with no hash.)
+func (s *Scanner) forkPoint(ctx context.Context, cur *Block) (uint64, string, error) {
 	stored, err := s.Store.RecentBlocks(ctx, s.Network.Name, cur.Number)
 	if err != nil {
-		return 0, err
+		return 0, "", err
 	}
 	if len(stored) == 0 {
-		return 0, fmt.Errorf("%w: no block hashes kept below %d", ErrReorgTooDeep, cur.Number)
+		return 0, "", fmt.Errorf("%w: no block hashes kept below %d", ErrReorgTooDeep, cur.Number)
 	}
 	numbers := make([]uint64, len(stored))
 	for i, b := range stored {
@@ -604,26 +611,26 @@ func (s *Scanner) forkPoint(ctx context.Context, cur *Block) (uint64, error) {
 	}
 	canonical, err := blockHashes(ctx, s.Source, numbers)
 	if err != nil {
-		return 0, fmt.Errorf("walk back to the fork: %w", err)
+		return 0, "", fmt.Errorf("walk back to the fork: %w", err)
 	}
 	for i, b := range stored {
 		if canonical[i] == b.Hash {
-			return b.Number, nil
+			return b.Number, b.Hash, nil
 		}
 	}
 	// No kept hash is canonical any more. That is a guess unless scanning
 	// began less than a window ago: then rescan from where it began.
 	first, known, err := s.Store.FirstBlock(ctx, s.Network.Name)
 	if err != nil {
-		return 0, err
+		return 0, "", err
 	}
 	if !known || cur.Number-first >= s.Window {
-		return 0, fmt.Errorf("%w (%d blocks below %d)", ErrReorgTooDeep, s.Window, cur.Number)
+		return 0, "", fmt.Errorf("%w (%d blocks below %d)", ErrReorgTooDeep, s.Window, cur.Number)
 	}
 	if first == 0 {
-		return 0, fmt.Errorf("%w: genesis changed", ErrReorgTooDeep)
+		return 0, "", fmt.Errorf("%w: genesis changed", ErrReorgTooDeep)
 	}
-	return first - 1, nil
+	return first - 1, "", nil
 }
 
 // HeadHasher is implemented by Sources that read the head and a block's

@@ -182,7 +182,7 @@ func (s *Store) Commit(ctx context.Context, c Commit) (orphaned int, err error) 
 			}
 		}
 		if c.Batch != nil {
-			if err := upsertTransfers(ctx, tx, c.Network, c.Batch.Transfers, now, c.ConfirmedAtOrBelow, c.Head.Number); err != nil {
+			if err := upsertTransfers(ctx, tx, c.Network, c.Batch.Transfers, now, c.ConfirmedAtOrBelow); err != nil {
 				return err
 			}
 			if err := storeBlocks(ctx, tx, c.Network, c.Batch.Blocks); err != nil {
@@ -297,14 +297,14 @@ func sameBlock(cur cursorRow, prev *Block) bool {
 // again) and stops being provisional.
 // A transfer at or below confirmedAtOrBelow that waits for no verdict is
 // stored confirmed at once (a catch-up writes each row once).
-func upsertTransfers(ctx context.Context, tx *sqlx.Tx, network string, found []Found, now time.Time, confirmedAtOrBelow, head uint64) error {
-	return insertTransfers(ctx, tx, network, found, now, false, confirmedAtOrBelow, head)
+func upsertTransfers(ctx context.Context, tx *sqlx.Tx, network string, found []Found, now time.Time, confirmedAtOrBelow uint64) error {
+	return insertTransfers(ctx, tx, network, found, now, false, confirmedAtOrBelow)
 }
 
 // insertTransfers stores transfers: as the scanner's (upserting) or, when
 // provisional, as a look-up's (leaving any already recorded untouched, and
 // confirming nothing).
-func insertTransfers(ctx context.Context, tx *sqlx.Tx, network string, found []Found, now time.Time, provisional bool, confirmedAtOrBelow, head uint64) error {
+func insertTransfers(ctx context.Context, tx *sqlx.Tx, network string, found []Found, now time.Time, provisional bool, confirmedAtOrBelow uint64) error {
 	if len(found) == 0 {
 		return nil
 	}
@@ -340,18 +340,16 @@ func insertTransfers(ctx context.Context, tx *sqlx.Tx, network string, found []F
 		conflict = scannerConflict
 	}
 	_, err := tx.ExecContext(ctx, `INSERT INTO transfers (id, network, asset, asset_contract, tx_hash, tx_key, idx,
-			from_address, to_address, amount, block_number, block_hash, block_time, state, flags, first_seen_at, updated_at, provisional,
-			recorded_head)
+			from_address, to_address, amount, block_number, block_hash, block_time, state, flags, first_seen_at, updated_at, provisional)
 		SELECT u.id, $1, u.asset, u.contract, u.hash, u.key, u.idx, u.from_addr, u.to_addr, u.amount::numeric,
-			u.number, u.block_hash, NULLIF(u.block_time, '')::timestamptz, u.state, string_to_array(u.flags, ','), $2, $2, $16,
-			NULLIF($18::bigint, 0)
+			u.number, u.block_hash, NULLIF(u.block_time, '')::timestamptz, u.state, string_to_array(u.flags, ','), $2, $2, $16
 		FROM unnest($3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::bigint[], $9::text[],
 			$10::text[], $11::text[], $12::bigint[], $13::text[], $14::text[], $15::text[], $17::text[])
 			AS u(id, asset, contract, hash, key, idx, from_addr, to_addr, amount, number, block_hash, flags, block_time, state)
 		ON CONFLICT (network, tx_hash, tx_key) `+conflict,
 		network, now, pq.Array(ids), pq.Array(assets), pq.Array(contracts), pq.Array(hashes), pq.Array(keys),
 		pq.Array(idx), pq.Array(froms), pq.Array(tos), pq.Array(amounts), pq.Array(numbers), pq.Array(blockHashes), pq.Array(flags), pq.Array(blockTimes),
-		provisional, pq.Array(states), int64(head))
+		provisional, pq.Array(states))
 	if err != nil {
 		return fmt.Errorf("store %d transfers: %w", n, err)
 	}
@@ -372,8 +370,6 @@ const scannerConflict = `DO UPDATE SET
 			from_address = EXCLUDED.from_address, to_address = EXCLUDED.to_address, amount = EXCLUDED.amount,
 			flags = CASE WHEN transfers.block_hash = EXCLUDED.block_hash AND NOT transfers.provisional
 				THEN transfers.flags ELSE EXCLUDED.flags END,
-			recorded_head = CASE WHEN transfers.block_hash = EXCLUDED.block_hash AND NOT transfers.provisional
-				THEN transfers.recorded_head ELSE EXCLUDED.recorded_head END,
 			state = CASE WHEN transfers.state <> 'orphaned' AND transfers.block_hash = EXCLUDED.block_hash
 				THEN transfers.state
 				WHEN transfers.block_hash = EXCLUDED.block_hash AND NOT transfers.provisional
@@ -483,7 +479,7 @@ func (s *Store) Record(ctx context.Context, network string, found []Found) error
 				ahead = append(ahead, f)
 			}
 		}
-		return insertTransfers(ctx, tx, network, ahead, now, true, 0, 0)
+		return insertTransfers(ctx, tx, network, ahead, now, true, 0)
 	})
 }
 
@@ -558,9 +554,8 @@ func (s *Store) Unverified(ctx context.Context, network string, afterBlock uint6
 		To       string `db:"to_address"`
 		Number   int64  `db:"block_number"`
 		Hash     string `db:"block_hash"`
-		Head     *int64 `db:"recorded_head"`
 	}
-	if err := s.db.SelectContext(ctx, &rows, `SELECT id, asset_contract, to_address, block_number, block_hash, recorded_head
+	if err := s.db.SelectContext(ctx, &rows, `SELECT id, asset_contract, to_address, block_number, block_hash
 		FROM transfers
 		WHERE network = $1 AND state = 'seen' AND '`+FlagBalancePending+`' = ANY (flags) AND (block_number, id) > ($2, $3)
 		ORDER BY block_number, id LIMIT $4`, network, int64(afterBlock), afterID, limit); err != nil {
@@ -569,9 +564,6 @@ func (s *Store) Unverified(ctx context.Context, network string, afterBlock uint6
 	out := make([]Unverified, len(rows))
 	for i, r := range rows {
 		out[i] = Unverified{ID: r.ID, Contract: r.Contract, To: r.To, BlockNumber: uint64(r.Number), BlockHash: r.Hash}
-		if r.Head != nil {
-			out[i].RecordedHead = uint64(*r.Head)
-		}
 	}
 	return out, nil
 }
