@@ -290,11 +290,20 @@ func TestBalanceChecksShrinkToASlowNode(t *testing.T) {
 			}
 		}
 	}
-	for range 20 { // 500 checks: 25 holders in each of 20 blocks
+	for range 20 { // 500 checks: 25 holders in each of 20 blocks (or more)
+		var last common.Hash
 		for _, h := range holders {
-			e.usdt.Transfer(e.chain.Payer, h, big.NewInt(20_000))
+			last = e.usdt.Transfer(e.chain.Payer, h, big.NewInt(20_000))
 		}
-		e.chain.Mine(1)
+		for i := 0; ; i++ {
+			e.chain.Mine(1)
+			if _, err := e.chain.Client.TransactionReceipt(t.Context(), last); err == nil {
+				break
+			}
+			if i > 20 {
+				t.Fatal("setup: the transfers were never mined")
+			}
+		}
 	}
 	s := e.scanner()
 	stepToHead(t, s)
