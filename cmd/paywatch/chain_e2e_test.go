@@ -15,6 +15,7 @@ import (
 
 	"github.com/paywatch/paywatch"
 	"github.com/paywatch/paywatch/chains/evm/evmtest"
+	"github.com/paywatch/paywatch/migrations"
 	"github.com/paywatch/paywatch/migrations/pgtest"
 )
 
@@ -175,14 +176,31 @@ func TestRescanCommand(t *testing.T) {
 	cmd := exec.Command(bin, "rescan", "--config", cfg, "--network", "devnet", "--from", fmt.Sprint(from))
 	cmd.Env = daemonEnv(dbURL)
 	out, err := cmd.CombinedOutput()
-	if err != nil || !strings.Contains(string(out), fmt.Sprintf("devnet rewound to block %d", from-1)) {
+	// The rewind took the payment away (it is above the new cursor)…
+	if err != nil || !strings.Contains(string(out), fmt.Sprintf("devnet rewound to block %d", from-1)) ||
+		!strings.Contains(string(out), "; 1 transfers above it are orphaned") {
 		t.Fatalf("rescan: %v\n%s", err, out)
 	}
-	// The daemon scans the range again: the same transfer, live once more.
+	// …and the daemon scans the range again: the same transfer, found again
+	// in its block (not a second one), confirmed once more, the cursor back
+	// at the head.
 	waitUntil(t, 30*time.Second, "the rescan", func() bool {
 		tr := d.transfers()
-		return len(tr) == 1 && tr[0].(map[string]any)["state"] != "orphaned"
+		return len(tr) == 1 && tr[0].(map[string]any)["state"] == "confirmed"
 	})
+	db, err := migrations.Open(t.Context(), dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var cursor int64
+	var orphanedAt *time.Time
+	if err := db.QueryRow(`SELECT block_number FROM chain_cursors WHERE network = 'devnet'`).Scan(&cursor); err != nil || uint64(cursor) < chain.Head() {
+		t.Fatalf("cursor %d after the rescan (%v), head %d", cursor, err, chain.Head())
+	}
+	if err := db.QueryRow(`SELECT orphaned_at FROM transfers`).Scan(&orphanedAt); err != nil || orphanedAt != nil {
+		t.Fatalf("the transfer found again still carries orphaned_at %v (%v)", orphanedAt, err)
+	}
 	bad := exec.Command(bin, "rescan", "--config", cfg, "--network", "nope", "--from", "1")
 	bad.Env = daemonEnv(dbURL)
 	if out, _ := bad.CombinedOutput(); bad.ProcessState.ExitCode() != 2 || !strings.Contains(string(out), "not configured") {
