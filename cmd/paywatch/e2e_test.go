@@ -8,13 +8,17 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -251,41 +255,85 @@ func TestEndToEnd(t *testing.T) {
 	}
 }
 
-// SIGTERM lets a request in flight finish before the process exits 0.
+// SIGTERM (and SIGINT) lets a request in flight finish before the process
+// exits 0. The request is in flight for sure: the server has read its
+// first bytes (its socket holds none unread) before the signal, and the
+// daemon says it is draining before the rest of the body is sent.
 func TestGracefulShutdownDrains(t *testing.T) {
-	dbURL := pgtest.NewURL(t)
-	d := startDaemon(t, writeConfig(t), dbURL)
-	// A request whose body arrives slowly is in flight while SIGTERM lands.
-	pr, pw := io.Pipe()
-	req, _ := http.NewRequest("POST", d.url+"/v1/orders", pr)
-	req.Header.Set("Authorization", "Bearer "+e2eStorefrontKey)
-	result := make(chan int, 1)
-	go func() {
-		res, err := http.DefaultClient.Do(req)
-		if err != nil {
-			result <- -1
-			return
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT} {
+		t.Run(sig.String(), func(t *testing.T) {
+			dbURL := pgtest.NewURL(t)
+			d := startDaemon(t, writeConfig(t), dbURL)
+			var clientPort atomic.Int64
+			client := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+				c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+				if err == nil {
+					clientPort.Store(int64(c.LocalAddr().(*net.TCPAddr).Port))
+				}
+				return c, err
+			}}}
+			pr, pw := io.Pipe()
+			req, _ := http.NewRequest("POST", d.url+"/v1/orders", pr)
+			req.Header.Set("Authorization", "Bearer "+e2eStorefrontKey)
+			result := make(chan int, 1)
+			go func() {
+				res, err := client.Do(req)
+				if err != nil {
+					result <- -1
+					return
+				}
+				res.Body.Close()
+				result <- res.StatusCode
+			}()
+			fmt.Fprint(pw, `{"external_id":"slow","network":"ethereum",`)
+			u, _ := url.Parse(d.url)
+			serverPort, _ := strconv.Atoi(u.Port())
+			waitUntil(t, 10*time.Second, "the server to read the request's first bytes", func() bool {
+				return serverHasRead(t, serverPort, int(clientPort.Load()))
+			})
+			_ = d.cmd.Process.Signal(sig)
+			waitUntil(t, 10*time.Second, "the daemon to start draining", func() bool {
+				return strings.Contains(d.logText(), "shutting down: draining requests")
+			})
+			fmt.Fprint(pw, `"asset":"USDT","amount":"5"}`)
+			pw.Close()
+			if code := <-result; code != 201 {
+				t.Fatalf("in-flight request got %d, want 201", code)
+			}
+			select {
+			case <-d.done:
+			case <-time.After(30 * time.Second):
+				t.Fatal("no exit")
+			}
+			if code := d.cmd.ProcessState.ExitCode(); code != 0 {
+				t.Fatalf("exit code %d", code)
+			}
+		})
+	}
+}
+
+// serverHasRead reports whether the server's end of the loopback TCP
+// connection from clientPort to serverPort is established with nothing
+// left unread in its receive queue (from /proc/net/tcp).
+func serverHasRead(t *testing.T, serverPort, clientPort int) bool {
+	t.Helper()
+	if clientPort == 0 {
+		return false
+	}
+	raw, err := os.ReadFile("/proc/net/tcp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	local, remote := fmt.Sprintf("0100007F:%04X", serverPort), fmt.Sprintf("0100007F:%04X", clientPort)
+	for _, line := range strings.Split(string(raw), "\n")[1:] {
+		f := strings.Fields(line)
+		if len(f) < 5 || f[1] != local || f[2] != remote || f[3] != "01" { // 01: ESTABLISHED
+			continue
 		}
-		res.Body.Close()
-		result <- res.StatusCode
-	}()
-	fmt.Fprint(pw, `{"external_id":"slow","network":"ethereum",`)
-	time.Sleep(300 * time.Millisecond)
-	_ = d.cmd.Process.Signal(syscall.SIGTERM)
-	time.Sleep(300 * time.Millisecond)
-	fmt.Fprint(pw, `"asset":"USDT","amount":"5"}`)
-	pw.Close()
-	if code := <-result; code != 201 {
-		t.Fatalf("in-flight request got %d, want 201", code)
+		queues := strings.Split(f[4], ":")
+		return len(queues) == 2 && strings.Trim(queues[1], "0") == ""
 	}
-	select {
-	case <-d.done:
-	case <-time.After(30 * time.Second):
-		t.Fatal("no exit")
-	}
-	if code := d.cmd.ProcessState.ExitCode(); code != 0 {
-		t.Fatalf("exit code %d", code)
-	}
+	return false
 }
 
 // An invalid configuration exits 2 before anything touches the database.
