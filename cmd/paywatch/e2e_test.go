@@ -201,9 +201,22 @@ func TestEndToEnd(t *testing.T) {
 	if code, p := d.call("POST", "/v1/orders/"+id+"/paid", e2eStorefrontKey, `{"tx_hash":"0x`+strings.Repeat("1f", 32)+`"}`); code != 200 || p["customer_marked_paid_at"] == nil {
 		t.Fatalf("paid: %d %v", code, p)
 	}
-	if code, n := d.call("GET", "/v1/networks", e2eOperatorKey, ""); code != 200 || len(n["data"].([]any)) != 2 {
-		t.Fatalf("networks: %d %v", code, n)
-	}
+	// Both networks' nodes are dead: each shows it, with the error, while
+	// the API answers (the orders above were created meanwhile).
+	waitUntil(t, 30*time.Second, "both networks to show their dead node", func() bool {
+		code, n := d.call("GET", "/v1/networks", e2eOperatorKey, "")
+		nets, _ := n["data"].([]any)
+		if code != 200 || len(nets) != 2 {
+			t.Fatalf("networks: %d %v", code, n)
+		}
+		for _, x := range nets {
+			v := x.(map[string]any)
+			if msg, _ := v["last_error"].(string); v["health"] != "error" || msg == "" {
+				return false
+			}
+		}
+		return true
+	})
 	if code := d.stop(); code != 0 {
 		t.Fatalf("exit code after SIGTERM: %d", code)
 	}
