@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"os/exec"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/jmoiron/sqlx"
 
+	"github.com/paywatch/paywatch"
 	"github.com/paywatch/paywatch/chains/evm/evmtest"
 	"github.com/paywatch/paywatch/migrations"
 	"github.com/paywatch/paywatch/migrations/pgtest"
@@ -126,4 +128,129 @@ func TestKillNineDuringCatchUp(t *testing.T) {
 	}
 	fmt.Printf("kill -9 during catch-up, seed %d: %d kills; nothing lost: %d transfers recorded once each, summing %s\n",
 		seed, len(kills), got.N, got.Sum)
+}
+
+// The daemon's PostgreSQL sessions are terminated again and again while
+// orders are created through the API and payments arrive: a creation is
+// either answered 201 and whole (its order, its timeline's first event,
+// its amount slot) or not written at all; the daemon reconnects by itself,
+// every payment is found once, and every invariant holds.
+func TestSessionsTerminatedUnderLoad(t *testing.T) {
+	seed := *faultSeed
+	if seed == 0 {
+		seed = uint64(time.Now().UnixNano())
+	}
+	rng := rand.New(rand.NewPCG(seed, 1))
+	chain := evmtest.New(t)
+	usdt := chain.DeployToken("Tether USD", "USDT", 6)
+	shop := common.HexToAddress("0x1111111111111111111111111111111111111111")
+	dbURL := pgtest.NewURL(t)
+	cfg := chainConfig(t, chain.URL, chain.Head()+1, usdt.Address, shop)
+	d := startDaemon(t, cfg, dbURL)
+	db, err := migrations.Open(t.Context(), dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	stop := make(chan struct{})
+	killed := make(chan []int, 1)
+	var roundsDone atomic.Int64
+	go func() {
+		var rounds []int
+		defer func() { killed <- rounds }()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(time.Duration(50+rng.IntN(250)) * time.Millisecond):
+			}
+			var n int
+			_ = db.Get(&n, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+				WHERE datname = current_database() AND pid <> pg_backend_pid()`)
+			rounds = append(rounds, n)
+			roundsDone.Add(1)
+		}
+	}()
+	created := map[string]bool{}
+	failed := 0
+	var payments []int64
+	for i := 0; (i < 120 || roundsDone.Load() < 10) && i < 2000; i++ {
+		code, o := d.call("POST", "/v1/orders", e2eStorefrontKey,
+			fmt.Sprintf(`{"external_id":"load-%d","network":"devnet","asset":"USDT","amount":"%d"}`, i, 10+i))
+		switch {
+		case code == 201:
+			created[fmt.Sprintf("load-%d", i)] = true
+			if i%10 == 0 {
+				units, err := paywatch.ParseUnits(o["pay_amount"].(string), 6, "USDT", nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				usdt.Transfer(chain.Payer, shop, units)
+				payments = append(payments, units.Int64())
+				chain.Mine(1)
+			}
+		case code >= 500:
+			failed++
+		default:
+			t.Fatalf("create: %d %v", code, o)
+		}
+	}
+	chain.Mine(3)
+	close(stop)
+	rounds := <-killed
+	total := 0
+	for _, n := range rounds {
+		total += n
+	}
+	t.Logf("seed %d: %d rounds terminated %d sessions; %d creations answered 201, %d failed", seed, len(rounds), total, len(created), failed)
+	if total == 0 || len(created) == 0 {
+		t.Fatalf("setup: %d sessions terminated, %d orders created: the test tests nothing", total, len(created))
+	}
+	// Every order written is one that was answered 201, and whole.
+	var rows []struct {
+		External string `db:"external_id"`
+		Events   int    `db:"events"`
+		Slots    int    `db:"slots"`
+	}
+	if err := db.Select(&rows, `SELECT o.external_id,
+		(SELECT count(*) FROM order_events e WHERE e.order_id = o.id AND e.type = 'created') AS events,
+		(SELECT count(*) FROM amount_slots s WHERE s.order_id = o.id) AS slots FROM orders o`); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rows {
+		if !created[r.External] || r.Events != 1 || r.Slots != 1 {
+			t.Fatalf("seed %d: order %s: answered 201 %v, %d creation events, %d slots", seed, r.External, created[r.External], r.Events, r.Slots)
+		}
+	}
+	if len(rows) != len(created) {
+		t.Fatalf("seed %d: %d orders written, %d answered 201", seed, len(rows), len(created))
+	}
+	// The daemon reconnected: every payment is found once and settles.
+	waitUntil(t, 60*time.Second, "the payments to settle", func() bool {
+		var n int
+		if err := db.Get(&n, `SELECT count(*) FROM orders WHERE status = 'settled'`); err != nil {
+			return false
+		}
+		return n == len(payments)
+	})
+	var transfers int
+	if err := db.Get(&transfers, `SELECT count(*) FROM transfers`); err != nil || transfers != len(payments) {
+		t.Fatalf("seed %d: %d transfers (%v), %d payments", seed, transfers, err, len(payments))
+	}
+	if code := d.stop(); code != 0 {
+		t.Fatalf("exit code %d", code)
+	}
+	bin, _ := buildBinary()
+	once := exec.Command(bin, "reconcile", "--config", cfg, "--once")
+	once.Env = daemonEnv(dbURL)
+	if out, err := once.CombinedOutput(); err != nil {
+		t.Fatalf("reconcile --once: %v\n%s", err, out)
+	}
+	check := exec.Command(bin, "check", "--config", cfg)
+	check.Env = daemonEnv(dbURL)
+	if out, err := check.CombinedOutput(); err != nil {
+		t.Fatalf("seed %d: invariants: %v\n%s", seed, err, out)
+	}
+	fmt.Printf("sessions terminated under load, seed %d: %d sessions in %d rounds; %d orders whole, none partial; %d payments settled once\n",
+		seed, total, len(rounds), len(rows), len(payments))
 }
