@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -73,6 +74,8 @@ type fixture struct {
 	t   testing.TB
 	db  *sqlx.DB
 	srv *httptest.Server
+	// nudges counts the reconciler passes the API asked for.
+	nudges *atomic.Int64
 }
 
 func newFixture(t testing.TB) *fixture {
@@ -97,16 +100,17 @@ func newFixtureWith(t testing.TB, doc string) *fixture {
 	store := orders.NewStore(db, cfg.Orders.MonitoringWindow, wallets)
 	store.Rand = func(int) int { return 0 } // the smallest free unique amount, for the assertions
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	nudges := new(atomic.Int64)
 	var h http.Handler = api.New(cfg, api.Deps{Orders: store, Chains: scan.NewStore(db),
 		Operator: reconcile.NewOperator(db), Ledger: ledger.NewBook(db), Webhooks: outbox.NewStore(db),
-		Metrics: promhttp.Handler(),
-		Schema:  func(ctx context.Context) (int64, int64, error) { return migrations.Version(ctx, db.DB) }}, log).Handler()
+		Metrics: promhttp.Handler(), Nudge: func() { nudges.Add(1) },
+		Schema: func(ctx context.Context) (int64, int64, error) { return migrations.Version(ctx, db.DB) }}, log).Handler()
 	if _, bench := t.(*testing.B); !bench { // benchmarks measure the API alone
 		h = validated(t, h)
 	}
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
-	return &fixture{t: t, db: db, srv: srv}
+	return &fixture{t: t, db: db, srv: srv, nudges: nudges}
 }
 
 type response struct {
@@ -392,6 +396,10 @@ func TestAttachResolveAndBalances(t *testing.T) {
 	if res.status != 200 || tr.OrderID == nil || *tr.OrderID != o.ID {
 		t.Fatalf("attach: %d %s", res.status, res.body)
 	}
+	// An operator's action asks the reconciler for a pass at once.
+	if n := f.nudges.Load(); n != 1 {
+		t.Fatalf("%d reconciler passes asked for after the attach, want 1", n)
+	}
 	if res := f.do("POST", "/v1/transfers/trf_stray/attach", operatorKey, `{"order_id":"`+o.ID+`","note":"again"}`); res.status != 409 {
 		t.Fatalf("second attach: %d %s", res.status, res.body)
 	}
@@ -401,6 +409,9 @@ func TestAttachResolveAndBalances(t *testing.T) {
 	res.decode(t, &resolved)
 	if res.status != 200 || resolved.Status != "settled" || resolved.ReceivedAmount != "9.99" {
 		t.Fatalf("resolve: %d %s", res.status, res.body)
+	}
+	if n := f.nudges.Load(); n != 2 {
+		t.Fatalf("%d reconciler passes asked for after a refused attach and a resolve, want 2", n)
 	}
 	var events []struct{ Type, Actor string }
 	f.do("GET", "/v1/orders/"+o.ID+"/events", operatorKey, "").decode(t, &events)
