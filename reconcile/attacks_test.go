@@ -8,6 +8,7 @@ import (
 	"database/sql"
 	"fmt"
 	"math/big"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -455,9 +456,20 @@ func TestAttackReleasedPaymentIsTakenByTheNextClaim(t *testing.T) {
 	}
 	f.pass()
 	f.expect(victim, paywatch.StatusDisputed, paywatch.ReasonUnderpaid)
+	if got := f.balance("order:" + victim.ID); got != "9990000" {
+		t.Fatalf("setup: the order's account holds %s", got)
+	}
 	// The customer gives up; the operator cancels and will refund by hand.
 	if err := f.op.Resolve(ctx, victim.ID, paywatch.StatusCancelled, "customer cancelled; refund from the inbox", "op"); err != nil {
 		t.Fatal(err)
+	}
+	// Cancelling returns the money to suspense and the transfer to the
+	// inbox, held for an operator.
+	if got, order := f.balance("suspense:ethereum:USDT"), f.balance("order:"+victim.ID); got != "9990000" || order != "0" {
+		t.Fatalf("after the cancel: suspense %s, the order's account %s", got, order)
+	}
+	if got, _ := f.store.GetTransfer(ctx, tr); got.OrderID != "" || !slices.Contains(got.Flags, paywatch.FlagHeld) {
+		t.Fatalf("after the cancel the transfer is %+v", got)
 	}
 	if _, err := f.store.MarkPaid(ctx, attacker.ID, h, "shop"); err != nil {
 		t.Fatal(err)
