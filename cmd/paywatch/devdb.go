@@ -66,6 +66,7 @@ func fileExists(p string) bool {
 type localPostgres struct {
 	dir    string
 	pgctl  string
+	opts   string // the server's options, to start it again
 	cred   *syscall.Credential
 	URL    string
 	stderr *os.File
@@ -111,10 +112,10 @@ func startLocalPostgres(ctx context.Context, log *slog.Logger) (*localPostgres, 
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("initdb: %w", err)
 	}
-	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses='' -c fsync=off -c synchronous_commit=off", port, dir)
-	if err := p.run(ctx, pgctl, "-D", data, "-o", opts, "-l", filepath.Join(dir, "server.log"), "-w", "-t", "60", "start"); err != nil {
+	p.opts = fmt.Sprintf("-p %d -k %s -c listen_addresses='' -c fsync=off -c synchronous_commit=off", port, dir)
+	if err := p.start(ctx); err != nil {
 		os.RemoveAll(dir)
-		return nil, fmt.Errorf("pg_ctl start: %w", err)
+		return nil, err
 	}
 	p.URL = fmt.Sprintf("postgres://postgres@/paywatch?host=%s&port=%d&sslmode=disable", url.QueryEscape(dir), port)
 	return p, nil
@@ -129,6 +130,24 @@ func (p *localPostgres) run(ctx context.Context, name string, args ...string) er
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("%w\n%s", err, out)
+	}
+	return nil
+}
+
+// start starts the cluster's server.
+func (p *localPostgres) start(ctx context.Context) error {
+	if err := p.run(ctx, p.pgctl, "-D", filepath.Join(p.dir, "data"), "-o", p.opts, "-l", filepath.Join(p.dir, "server.log"),
+		"-w", "-t", "60", "start"); err != nil {
+		return fmt.Errorf("pg_ctl start: %w", err)
+	}
+	return nil
+}
+
+// stopServer stops the cluster's server (sessions cut at once) and keeps
+// its data for start.
+func (p *localPostgres) stopServer(ctx context.Context) error {
+	if err := p.run(ctx, p.pgctl, "-D", filepath.Join(p.dir, "data"), "-m", "fast", "-w", "stop"); err != nil {
+		return fmt.Errorf("pg_ctl stop: %w", err)
 	}
 	return nil
 }

@@ -3,6 +3,8 @@ package main
 import (
 	"flag"
 	"fmt"
+	"io"
+	"log/slog"
 	"math/big"
 	"math/rand/v2"
 	"os/exec"
@@ -253,4 +255,108 @@ func TestSessionsTerminatedUnderLoad(t *testing.T) {
 	}
 	fmt.Printf("sessions terminated under load, seed %d: %d sessions in %d rounds; %d orders whole, none partial; %d payments settled once\n",
 		seed, total, len(rounds), len(rows), len(payments))
+}
+
+var faultDBDown = flag.Duration("faults.dbdown", 5*time.Second, "how long TestDatabaseDown stops PostgreSQL (the long form: 60s)")
+
+// PostgreSQL (a throwaway cluster this test starts, never the shared
+// server) stops while orders are created and payments arrive. The daemon
+// keeps running: /readyz says it is not ready, creations answer 503 and
+// write nothing, and once the server is back the daemon reconnects by
+// itself, finds the payments made meanwhile, settles them once, and is
+// ready again.
+func TestDatabaseDown(t *testing.T) {
+	pg, err := startLocalPostgres(t.Context(), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pg.Stop)
+	chain := evmtest.New(t)
+	usdt := chain.DeployToken("Tether USD", "USDT", 6)
+	shop := common.HexToAddress("0x1111111111111111111111111111111111111111")
+	cfg := chainConfig(t, chain.URL, chain.Head()+1, usdt.Address, shop)
+	d := startDaemon(t, cfg, pg.URL)
+	create := func(ext string) (int, map[string]any) {
+		return d.call("POST", "/v1/orders", e2eStorefrontKey,
+			fmt.Sprintf(`{"external_id":%q,"network":"devnet","asset":"USDT","amount":"25"}`, ext))
+	}
+	var orders []map[string]any
+	for i := range 3 {
+		code, o := create(fmt.Sprintf("before-%d", i))
+		if code != 201 {
+			t.Fatalf("create: %d %v", code, o)
+		}
+		orders = append(orders, o)
+	}
+	pay := func(o map[string]any) {
+		units, err := paywatch.ParseUnits(o["pay_amount"].(string), 6, "USDT", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		usdt.Transfer(chain.Payer, shop, units)
+		chain.Mine(1)
+	}
+	pay(orders[0])
+	if err := pg.stopServer(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	down := time.Now()
+	// While it is down: payments keep coming, the daemon stays up and says
+	// it is not ready, and creations fail without writing.
+	pay(orders[1])
+	pay(orders[2])
+	chain.Mine(3)
+	failed := 0
+	for time.Since(down) < *faultDBDown {
+		if code, _ := d.call("GET", "/readyz", "", ""); code != 503 {
+			t.Fatalf("readyz %d with the database down", code)
+		}
+		if code, o := create(fmt.Sprintf("during-%d", failed)); code < 500 {
+			t.Fatalf("create with the database down: %d %v", code, o)
+		}
+		failed++
+		select {
+		case err := <-d.done:
+			t.Fatalf("the daemon exited while the database was down: %v\n%s", err, d.logText())
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	if err := pg.start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	back := time.Now()
+	waitUntil(t, 30*time.Second, "the daemon to be ready again", func() bool {
+		code, _ := d.call("GET", "/readyz", "", "")
+		return code == 200
+	})
+	ready := time.Since(back)
+	waitUntil(t, 60*time.Second, "the payments made meanwhile to settle", func() bool {
+		for _, o := range orders {
+			if _, got := d.call("GET", "/v1/orders/"+o["id"].(string), e2eStorefrontKey, ""); got["status"] != "settled" {
+				return false
+			}
+		}
+		return true
+	})
+	settled := time.Since(back)
+	db, err := migrations.Open(t.Context(), pg.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var written, transfers int
+	if err := db.Get(&written, `SELECT count(*) FROM orders WHERE external_id LIKE 'during-%'`); err != nil || written != 0 {
+		t.Fatalf("%d orders written while the database was down (%v)", written, err)
+	}
+	if err := db.Get(&transfers, `SELECT count(*) FROM transfers`); err != nil || transfers != 3 {
+		t.Fatalf("%d transfers (%v), want 3", transfers, err)
+	}
+	if code, o := create("after"); code != 201 {
+		t.Fatalf("create after the outage: %d %v", code, o)
+	}
+	if code := d.stop(); code != 0 {
+		t.Fatalf("exit code %d", code)
+	}
+	fmt.Printf("PostgreSQL down for %s: the daemon stayed up, %d creations refused and none written; ready %s after the server came back, the 2 payments made meanwhile settled %s after\n",
+		back.Sub(down).Round(100*time.Millisecond), failed, ready.Round(time.Millisecond), settled.Round(time.Millisecond))
 }
