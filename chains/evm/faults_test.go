@@ -224,3 +224,28 @@ func TestTwoDaemonsTakeOver(t *testing.T) {
 	<-b.done
 	e.expect(wants...)
 }
+
+// A node whose connections are reset now and then (one request in three
+// dropped without an answer): every payment is found once, the scan and
+// the balance checks retrying what was cut.
+func TestNodeResettingConnections(t *testing.T) {
+	e := newEnv(t)
+	proxy := evmtest.NewProxy(t, e.chain.URL)
+	proxy.ResetEvery.Store(3)
+	e.network.RPCURLs = []string{proxy.URL}
+	e.network.StartBlock = e.chain.Head()
+	wants := e.sprinkle(40, 3)
+	s := e.scanner()
+	s.RetryMin, s.RetryMax = time.Millisecond, 10*time.Millisecond
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	waitFor(t, func() bool { return e.recorded(len(wants)) }, "every payment through the resets")
+	cancel()
+	<-done
+	e.expect(wants...)
+	if proxy.Resets.Load() == 0 {
+		t.Fatal("no connection was reset: the test tests nothing")
+	}
+	t.Logf("%d connections reset", proxy.Resets.Load())
+}

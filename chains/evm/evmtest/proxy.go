@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -29,6 +30,12 @@ type Proxy struct {
 	// NoLogTimes strips blockTimestamp from the logs eth_getLogs returns,
 	// as many nodes do.
 	NoLogTimes atomic.Bool
+	// ResetEvery, when non-zero, drops every n-th connection without an
+	// answer (a TCP reset, as a load balancer in trouble does). Resets
+	// counts them.
+	ResetEvery atomic.Int64
+	Resets     atomic.Int64
+	served     atomic.Int64
 	// FailCalls makes every eth_call answer an internal error: a node
 	// that serves logs but cannot run contract calls.
 	FailCalls atomic.Bool
@@ -61,6 +68,18 @@ type rpcRequest struct {
 }
 
 func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) {
+	if n := p.ResetEvery.Load(); n > 0 && p.served.Add(1)%n == 0 {
+		if hj, ok := w.(http.Hijacker); ok {
+			if conn, _, err := hj.Hijack(); err == nil {
+				if tc, ok := conn.(*net.TCPConn); ok {
+					_ = tc.SetLinger(0) // close with a reset, not a goodbye
+				}
+				conn.Close()
+				p.Resets.Add(1)
+				return
+			}
+		}
+	}
 	if p.Down.Load() {
 		http.Error(w, "node down", http.StatusBadGateway)
 		return
