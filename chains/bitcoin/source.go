@@ -104,11 +104,22 @@ func (s *Source) MaxRange() uint64 { return BlocksPerRange }
 
 // Head returns the node's best height (Bitcoin has no finality tag).
 func (s *Source) Head(ctx context.Context) (scan.Head, error) {
+	s.preferAhead(ctx)
 	var count int64
 	err := s.nodes.Call(ctx, func(ctx context.Context, c *client) error {
 		return c.one(ctx, &count, "getblockcount")
 	})
 	return scan.Head{Number: uint64(count)}, err
+}
+
+// preferAhead makes the node furthest ahead the current one when the
+// current lags behind it (scan.Nodes.PreferAhead).
+func (s *Source) preferAhead(ctx context.Context) {
+	s.nodes.PreferAhead(ctx, func(ctx context.Context, c *client) (uint64, error) {
+		var count int64
+		err := c.one(ctx, &count, "getblockcount")
+		return uint64(count), err
+	})
 }
 
 // BlockHash returns the canonical hash at height n.
@@ -151,6 +162,7 @@ func (s *Source) BlockHashes(ctx context.Context, numbers []uint64) ([]string, e
 // HeadAndHash reads the head and the hash at height n in one batch ("" for
 // the hash when there is no block there).
 func (s *Source) HeadAndHash(ctx context.Context, n uint64) (scan.Head, string, error) {
+	s.preferAhead(ctx)
 	var count int64
 	var hash string
 	err := s.nodes.Call(ctx, func(ctx context.Context, c *client) error {

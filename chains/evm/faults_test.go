@@ -249,3 +249,31 @@ func TestNodeResettingConnections(t *testing.T) {
 	}
 	t.Logf("%d connections reset", proxy.Resets.Load())
 }
+
+// The first node answers well but lags 20 blocks behind the chain: the
+// scanner moves to the node ahead, and a payment is found once and
+// confirmed promptly, not 20 blocks late.
+func TestLaggingNodeIsPassedOver(t *testing.T) {
+	e := newEnv(t)
+	e.withoutNative()
+	e.chain.Mine(30)
+	lagging := evmtest.NewProxy(t, e.chain.URL)
+	lagging.Lag.Store(20)
+	e.network.RPCURLs = []string{lagging.URL, e.chain.URL}
+	e.network.StartBlock = e.chain.Head() - 25
+	s := e.scanner()
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	pay := e.usdt.Transfer(e.chain.Payer, e.shop, big.NewInt(7_000_000))
+	e.chain.Mine(4) // three confirmations, far less than the lag
+	start := time.Now()
+	waitFor(t, func() bool {
+		got := e.transfers()
+		return len(got) == 1 && got[0].State == "confirmed"
+	}, "the payment, confirmed, past the lagging node")
+	t.Logf("found and confirmed %s after its confirmations", time.Since(start).Round(time.Millisecond))
+	cancel()
+	<-done
+	e.expect(want{pay, "USDT", "7000000", "confirmed", ""})
+}

@@ -106,6 +106,7 @@ func (s *Source) Close() { s.nodes.close() }
 // Head reads the latest block and, with confirmations: finalized, the
 // finalized one.
 func (s *Source) Head(ctx context.Context) (scan.Head, error) {
+	s.preferAhead(ctx)
 	var h scan.Head
 	err := s.nodes.call(ctx, func(ctx context.Context, e *endpoint) error {
 		latest, err := header(ctx, e, "latest")
@@ -128,6 +129,7 @@ func (s *Source) Head(ctx context.Context) (scan.Head, error) {
 // HeadAndHash reads the head and the canonical hash at height n in one
 // JSON-RPC batch ("" when the node has no block there).
 func (s *Source) HeadAndHash(ctx context.Context, n uint64) (scan.Head, string, error) {
+	s.preferAhead(ctx)
 	var h scan.Head
 	hash := ""
 	err := s.nodes.call(ctx, func(ctx context.Context, e *endpoint) error {
@@ -155,6 +157,12 @@ func (s *Source) HeadAndHash(ctx context.Context, n uint64) (scan.Head, string, 
 		return nil
 	})
 	return h, hash, err
+}
+
+// preferAhead makes the node furthest ahead the current one when the
+// current lags behind it (scan.Nodes.PreferAhead).
+func (s *Source) preferAhead(ctx context.Context) {
+	s.nodes.PreferAhead(ctx, func(ctx context.Context, e *endpoint) (uint64, error) { return e.eth.BlockNumber(ctx) })
 }
 
 // BlockHash returns the canonical hash at height n.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -32,6 +33,8 @@ type Nodes[E any] struct {
 
 	current atomic.Int64
 	checked []atomic.Bool
+	// lagChecked is when PreferAhead last compared the heads (unix ns).
+	lagChecked atomic.Int64
 }
 
 // NewNodes returns the endpoints of urls, each made by dial.
@@ -87,4 +90,72 @@ func (n *Nodes[E]) attempt(ctx context.Context, idx int, fn func(ctx context.Con
 		n.checked[idx].Store(true)
 	}
 	return fn(ctx, e)
+}
+
+// LagCheckInterval is how often PreferAhead compares the nodes' heads.
+const LagCheckInterval = 10 * time.Second
+
+// MaxLag is how many blocks the current node may trail another before
+// PreferAhead switches to the one ahead.
+const MaxLag = 2
+
+// PreferAhead compares, at most once per LagCheckInterval and in the
+// background (it never holds the caller up), the heads the nodes report
+// (head reads one, within LagCheckTimeout), and makes the node furthest
+// ahead the current one when the current trails it by more than MaxLag
+// blocks: a node that answers but lags behind would otherwise hold every
+// payment back by its lag. A node that does not answer is left out (Call's
+// failover deals with it). It is a no-op with one node.
+func (n *Nodes[E]) PreferAhead(ctx context.Context, head func(ctx context.Context, e E) (uint64, error)) {
+	if len(n.Endpoints) < 2 {
+		return
+	}
+	now := time.Now().UnixNano()
+	last := n.lagChecked.Load()
+	if now-last < int64(LagCheckInterval) || !n.lagChecked.CompareAndSwap(last, now) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), LagCheckTimeout)
+	go func() {
+		defer cancel()
+		n.compareHeads(ctx, head)
+	}()
+}
+
+// LagCheckTimeout bounds one comparison of the nodes' heads.
+const LagCheckTimeout = 5 * time.Second
+
+func (n *Nodes[E]) compareHeads(ctx context.Context, head func(ctx context.Context, e E) (uint64, error)) {
+	heads := make([]uint64, len(n.Endpoints))
+	ok := make([]bool, len(n.Endpoints))
+	var wg sync.WaitGroup
+	for i := range n.Endpoints {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var got uint64
+			err := n.attempt(ctx, i, func(ctx context.Context, e E) error {
+				var err error
+				got, err = head(ctx, e)
+				return err
+			})
+			heads[i], ok[i] = got, err == nil
+		}()
+	}
+	wg.Wait()
+	cur := int(n.current.Load())
+	best := cur
+	for i := range heads {
+		if ok[i] && (!ok[best] || heads[i] > heads[best]) {
+			best = i
+		}
+	}
+	if best == cur || !ok[best] || (ok[cur] && heads[best] <= heads[cur]+MaxLag) {
+		return
+	}
+	n.current.Store(int64(best))
+	if n.Log != nil {
+		n.Log.Warn("a node lags behind another; switched to the one ahead", "url", n.URLs[best], "head", heads[best],
+			"lagging", n.URLs[cur], "its_head", heads[cur])
+	}
 }

@@ -36,6 +36,9 @@ type Proxy struct {
 	ResetEvery atomic.Int64
 	Resets     atomic.Int64
 	served     atomic.Int64
+	// Lag makes the node answer as if it were that many blocks behind the
+	// chain: "latest" and eth_blockNumber mean the head less Lag.
+	Lag atomic.Int64
 	// FailCalls makes every eth_call answer an internal error: a node
 	// that serves logs but cannot run contract calls.
 	FailCalls atomic.Bool
@@ -96,6 +99,10 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) {
 		time.Sleep(time.Duration(d))
 	}
 	body, _ := io.ReadAll(r.Body)
+	lagged := map[string]string{} // eth_blockNumber answers to rewrite
+	if lag := p.Lag.Load(); lag > 0 {
+		body, lagged = p.lagBehind(body, lag)
+	}
 	var reqs []rpcRequest
 	batch := len(bytes.TrimSpace(body)) > 0 && bytes.TrimSpace(body)[0] == '['
 	if batch {
@@ -127,7 +134,7 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	defer res.Body.Close()
 	out, _ := io.ReadAll(res.Body)
-	if len(refused) > 0 || len(logs) > 0 || len(failed) > 0 {
+	if len(refused) > 0 || len(logs) > 0 || len(failed) > 0 || len(lagged) > 0 {
 		var answers []map[string]json.RawMessage
 		if batch {
 			_ = json.Unmarshal(out, &answers)
@@ -137,6 +144,9 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) {
 			answers = []map[string]json.RawMessage{one}
 		}
 		for _, a := range answers {
+			if h, ok := lagged[string(a["id"])]; ok && a["result"] != nil {
+				a["result"] = json.RawMessage(`"` + h + `"`)
+			}
 			if failed[string(a["id"])] {
 				delete(a, "result")
 				a["error"] = json.RawMessage(`{"code":-32603,"message":"internal error"}`)
@@ -182,4 +192,49 @@ func (p *Proxy) tooWide(req rpcRequest) bool {
 	}
 	p.LogCalls.Add(1)
 	return false
+}
+
+// lagBehind rewrites a request so that it reads the chain as a node lag
+// blocks behind would: "latest" becomes the head less lag, and the ids of
+// eth_blockNumber calls are returned with the number to answer.
+func (p *Proxy) lagBehind(body []byte, lag int64) ([]byte, map[string]string) {
+	res, err := http.Post(p.target, "application/json", strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"eth_blockNumber","params":[]}`))
+	if err != nil {
+		return body, nil
+	}
+	defer res.Body.Close()
+	var answer struct{ Result string }
+	if json.NewDecoder(res.Body).Decode(&answer) != nil {
+		return body, nil
+	}
+	head, err := strconv.ParseInt(strings.TrimPrefix(answer.Result, "0x"), 16, 64)
+	if err != nil {
+		return body, nil
+	}
+	behind := "0x" + strconv.FormatInt(max(head-lag, 0), 16)
+	var reqs []map[string]json.RawMessage
+	batch := len(bytes.TrimSpace(body)) > 0 && bytes.TrimSpace(body)[0] == '['
+	if batch {
+		_ = json.Unmarshal(body, &reqs)
+	} else {
+		var one map[string]json.RawMessage
+		_ = json.Unmarshal(body, &one)
+		reqs = []map[string]json.RawMessage{one}
+	}
+	numbers := map[string]string{}
+	for _, q := range reqs {
+		if string(q["method"]) == `"eth_blockNumber"` {
+			numbers[string(q["id"])] = behind
+		}
+		if len(q["params"]) > 0 {
+			q["params"] = json.RawMessage(strings.ReplaceAll(string(q["params"]), `"latest"`, `"`+behind+`"`))
+		}
+	}
+	var out []byte
+	if batch {
+		out, _ = json.Marshal(reqs)
+	} else {
+		out, _ = json.Marshal(reqs[0])
+	}
+	return out, numbers
 }
