@@ -6,6 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // Proxy forwards TCP connections to a node, and can play a node that is
@@ -16,6 +17,9 @@ type Proxy struct {
 	URL  string
 	Down atomic.Bool
 	Hung atomic.Bool
+	// Delay holds each piece of the node's answers back that long, as a
+	// node far away would (nanoseconds).
+	Delay atomic.Int64
 
 	target string
 	ln     net.Listener
@@ -79,6 +83,26 @@ func (p *Proxy) serve() {
 		p.track(c)
 		p.track(up)
 		go func() { _, _ = io.Copy(up, c); up.Close() }()
-		go func() { _, _ = io.Copy(c, up); c.Close() }()
+		go func() { p.copySlowly(c, up); c.Close() }()
+	}
+}
+
+// copySlowly copies the node's answers to the client, each piece after
+// Delay.
+func (p *Proxy) copySlowly(dst io.Writer, src io.Reader) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			if d := p.Delay.Load(); d > 0 {
+				time.Sleep(time.Duration(d))
+			}
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
 	}
 }
