@@ -76,6 +76,32 @@ func TestMinimalConfigDefaults(t *testing.T) {
 	if cfg.Orders.DefaultExpiry != time.Hour || cfg.WebhookURL != "" {
 		t.Fatalf("orders %+v", cfg.Orders)
 	}
+	// README's configuration table, its defaults.
+	if cfg.Orders.MaxExpiry != 168*time.Hour || cfg.Orders.MonitoringWindow != 24*time.Hour || cfg.Orders.PaidGrace != 2*time.Hour ||
+		cfg.WebhookMaxRetryAge != 72*time.Hour {
+		t.Fatalf("defaults: orders %+v, webhooks max_retry_age %s", cfg.Orders, cfg.WebhookMaxRetryAge)
+	}
+	if usdt := n.Asset("USDT"); usdt.SkipBalanceCheck {
+		t.Fatal("verify_balance defaults to false")
+	}
+	btcDoc := strings.Replace(base, "networks:\n", `networks:
+  - name: btc
+    family: bitcoin
+    chain: regtest
+    rpc_urls: [http://127.0.0.1:18443]
+    rpc_user_env: PAYWATCH_STOREFRONT_KEY
+    rpc_pass_env: PAYWATCH_STOREFRONT_KEY
+    assets:
+      - {symbol: BTC, native: true, decimals: 8, receive: {xpub: "vpub5SLqN2bLY4WeZF3kL4VqiWF1itbf3A6oRrq9aPf16AZMVWYCuN9TxpAZwCzVgW94TNzZPNc9XAHD4As6pdnExBtCDGYRmNJrcJ4eV9hNqcv"}}
+`, 1)
+	bcfg, err := Parse([]byte(btcDoc), getenv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	btc := bcfg.Network("btc")
+	if btc.Confirmations != 6 || btc.Asset("BTC").GapLimit != 20 || btc.Asset("BTC").Dust.Int64() != 546 {
+		t.Fatalf("bitcoin defaults: confirmations %d, gap_limit %d, dust %v", btc.Confirmations, btc.Asset("BTC").GapLimit, btc.Asset("BTC").Dust)
+	}
 }
 
 func TestConfigErrors(t *testing.T) {
@@ -107,6 +133,11 @@ func TestConfigErrors(t *testing.T) {
 		{"token without contract", `contract: "0xdAC17F958D2ee523a2206206994597C13D831ec7"`, "", "", "a token needs its contract"},
 		{"a name with format verbs", "      - symbol: USDT\n", "      - symbol: \"U%dS%sT\"\n", "", `"U%dS%sT" (line`},
 		{"bad rpc url", "http://127.0.0.1:8545", "127.0.0.1:8545", "", "is not an http(s) URL"},
+		{"network name with capitals", "name: ethereum", "name: Ethereum", "", "lowercase"},
+		{"short api key", "key_env: PAYWATCH_STOREFRONT_KEY}", "key_env: PAYWATCH_BTC_RPC_USER}", "", "shorter than 16 characters"},
+		{"two roles, one key", "key_env: PAYWATCH_STOREFRONT_KEY}", "key_env: PAYWATCH_STOREFRONT_KEY}\n  - {name: ops, role: operator, key_env: PAYWATCH_STOREFRONT_KEY}", "", "the same as another key's"},
+		{"bitcoin without chain", "networks:\n", "networks:\n  - {name: btc, family: bitcoin, rpc_urls: [\"http://127.0.0.1:18443\"], assets: [{symbol: BTC, native: true, decimals: 8, receive: {addresses: [\"bcrt1qw508d6qejxtdg4y5r3zarvary0c5xw7kygt080\"]}}]}\n", "", "chain"},
+		{"max_retry_age under a minute", "networks:", "webhooks: {max_retry_age: 30s}\nnetworks:", "", "max_retry_age 30s must be at least 1m"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
