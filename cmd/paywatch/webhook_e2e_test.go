@@ -263,7 +263,12 @@ func TestWebhooksAndLiveStatus(t *testing.T) {
 	for _, want := range []string{`paywatch_orders{status="settled"} 1`, `paywatch_webhook_attempts_total{outcome="delivered"} 2`,
 		`paywatch_network_lag_blocks{network="devnet"}`, `paywatch_webhook_backlog{status="pending"} 0`,
 		`paywatch_scan_blocks_total{network="devnet"}`, `paywatch_transfers_seen_total{network="devnet"} 1`,
-		`paywatch_reconcile_pass_seconds_count`, `paywatch_database_up 1`} {
+		`paywatch_reconcile_pass_seconds_count`, `paywatch_database_up 1`,
+		// Every metric README lists is there.
+		`paywatch_network_head{network="devnet"}`, `paywatch_network_cursor{network="devnet"}`,
+		`paywatch_network_halted{network="devnet"} 0`, `paywatch_network_error{network="devnet"} 0`,
+		`paywatch_scan_batch_seconds_count{network="devnet"}`, `paywatch_reconcile_failures_total 0`,
+		`paywatch_webhook_oldest_pending_seconds 0`, `paywatch_webhook_latency_seconds_count`} {
 		if !strings.Contains(string(text), want) {
 			t.Fatalf("/metrics lacks %s:\n%s", want, text)
 		}

@@ -311,11 +311,13 @@ func TestOperatorViews(t *testing.T) {
 			Head      *int64  `json:"head"`
 			Cursor    *int64  `json:"cursor"`
 			LastError *string `json:"last_error"`
+			Health    string  `json:"health"`
 		} `json:"data"`
 	}
 	res := f.do("GET", "/v1/networks", operatorKey, "")
 	res.decode(t, &list)
-	if res.status != 200 || len(list.Data) != 2 || list.Data[0].Name != "ethereum" || list.Data[0].Head != nil || list.Data[1].Cursor != nil {
+	if res.status != 200 || len(list.Data) != 2 || list.Data[0].Name != "ethereum" || list.Data[0].Head != nil || list.Data[1].Cursor != nil ||
+		list.Data[0].Health != "not_started" || list.Data[1].Health != "not_started" {
 		t.Fatalf("networks: %s", res.body)
 	}
 	res = f.do("GET", "/v1/transfers?matched=false", operatorKey, "")
