@@ -90,6 +90,11 @@ func TestAttackContestedClaimGoesToAnOperator(t *testing.T) {
 	if got := f.balance("suspense:ethereum:USDT"); got != "9900000" {
 		t.Fatalf("suspense %s: the contested payment is not back in the inbox's account", got)
 	}
+	for _, o := range []*paywatch.Order{victim, attacker} {
+		if evs := f.events(o); !slices.Contains(evs, "hint_contested") {
+			t.Fatalf("order %s's timeline does not say the payment is contested: %v", o.ExternalID, evs)
+		}
+	}
 }
 
 // R2. Mempool front-running by order creation. The victim's inexact payment

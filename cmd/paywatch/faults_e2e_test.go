@@ -465,3 +465,45 @@ func TestKillNineDuringBitcoinCatchUp(t *testing.T) {
 	fmt.Printf("kill -9 during a Bitcoin catch-up, seed %d: %d kills; nothing lost: %d outputs recorded once each, summing %d sat\n",
 		seed, len(kills), got.N, got.Sum)
 }
+
+// One network's node is dead: the other network's payments are found and
+// settle as usual, and the API answers; the dead one shows its error.
+func TestDeadNodeBlocksNoOtherNetwork(t *testing.T) {
+	chain := evmtest.New(t)
+	usdt := chain.DeployToken("Tether USD", "USDT", 6)
+	shop := common.HexToAddress("0x1111111111111111111111111111111111111111")
+	cfg := chainConfig(t, chain.URL, chain.Head()+1, usdt.Address, shop)
+	raw, err := os.ReadFile(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := strings.Replace(strings.SplitN(string(raw), "networks:\n", 2)[1], "name: devnet", "name: deadnet", 1)
+	dead = strings.Replace(dead, chain.URL, "http://127.0.0.1:9", 1) // nothing listens there
+	if err := os.WriteFile(cfg, []byte(string(raw)+dead), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d := startDaemon(t, cfg, pgtest.NewURL(t))
+	code, o := d.call("POST", "/v1/orders", e2eStorefrontKey, `{"external_id":"alive-1","network":"devnet","asset":"USDT","amount":"12"}`)
+	if code != 201 {
+		t.Fatalf("create: %d %v", code, o)
+	}
+	units, err := paywatch.ParseUnits(o["pay_amount"].(string), 6, "USDT", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	usdt.Transfer(chain.Payer, shop, units)
+	chain.Mine(3)
+	waitUntil(t, 30*time.Second, "the live network's payment to settle", func() bool {
+		_, got := d.call("GET", "/v1/orders/"+o["id"].(string), e2eStorefrontKey, "")
+		return got["status"] == "settled"
+	})
+	_, n := d.call("GET", "/v1/networks", e2eOperatorKey, "")
+	health := map[string]string{}
+	for _, x := range n["data"].([]any) {
+		v := x.(map[string]any)
+		health[v["name"].(string)] = v["health"].(string)
+	}
+	if health["devnet"] != "ok" || health["deadnet"] != "error" {
+		t.Fatalf("health %v, want devnet ok and deadnet error", health)
+	}
+}
