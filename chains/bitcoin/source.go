@@ -119,6 +119,10 @@ func (s *Source) preferAhead(ctx context.Context) {
 		var count int64
 		err := c.one(ctx, &count, "getblockcount")
 		return uint64(count), err
+	}, func(ctx context.Context, c *client, n uint64) (string, error) {
+		var hash string
+		err := c.one(ctx, &hash, "getblockhash", n)
+		return hash, err
 	})
 }
 

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/paywatch/paywatch/chains/evm"
+	"github.com/paywatch/paywatch/chains/evm/devchain"
 	"github.com/paywatch/paywatch/chains/evm/evmtest"
 	"github.com/paywatch/paywatch/chains/scan"
 	"github.com/paywatch/paywatch/migrations"
@@ -276,4 +277,40 @@ func TestLaggingNodeIsPassedOver(t *testing.T) {
 	cancel()
 	<-done
 	e.expect(want{pay, "USDT", "7000000", "confirmed", ""})
+}
+
+// A second node with the same chain id but on another chain (a fork, a
+// local copy of the chain) runs ahead: it is never preferred, so a payment
+// that exists only on it is never recorded, and the real one stays
+// confirmed.
+func TestNodeOnAnotherChainAheadIsNotPreferred(t *testing.T) {
+	e := newEnv(t)
+	e.withoutNative()
+	fork := evmtest.New(t, func(c *devchain.Config) { c.Keys = e.chain.Keys })
+	usdt := fork.DeployToken("Tether USD", "USDT", 6)
+	fork.DeployToken("Dai", "DAI", 18)
+	if usdt.Address != e.usdt.Address {
+		t.Fatalf("setup: the token is at %s on the fork, %s on the chain", usdt.Address, e.usdt.Address)
+	}
+	e.chain.Mine(30)
+	e.network.RPCURLs = []string{e.chain.URL, fork.URL}
+	e.network.StartBlock = e.chain.Head() - 5
+	s := e.scanner()
+	s.Source.(interface{ SetLagCheckInterval(time.Duration) }).SetLagCheckInterval(100 * time.Millisecond)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	real := e.usdt.Transfer(e.chain.Payer, e.shop, big.NewInt(5_000_000))
+	e.chain.Mine(4)
+	waitFor(t, func() bool { g := e.transfers(); return len(g) == 1 && g[0].State == "confirmed" }, "the real payment confirmed")
+	for fork.Head() <= e.chain.Head()+10 {
+		fork.Mine(1)
+	}
+	fake := usdt.Transfer(fork.Payer, e.shop, big.NewInt(9_000_000))
+	fork.Mine(5)
+	time.Sleep(3 * time.Second) // thirty comparisons of the heads
+	cancel()
+	<-done
+	e.expect(want{real, "USDT", "5000000", "confirmed", ""})
+	_ = fake
 }

@@ -100,6 +100,10 @@ func NewSource(n *paywatch.Network, log *slog.Logger) (*Source, error) {
 // it, the next node is tried. The default is scan.DefaultCallTimeout.
 func (s *Source) SetCallTimeout(d time.Duration) { s.nodes.CallTimeout = d }
 
+// SetLagCheckInterval sets how often the nodes' heads are compared
+// (scan.LagCheckInterval by default).
+func (s *Source) SetLagCheckInterval(d time.Duration) { s.nodes.LagCheckEvery = d }
+
 // Close closes the node connections.
 func (s *Source) Close() { s.nodes.close() }
 
@@ -162,7 +166,13 @@ func (s *Source) HeadAndHash(ctx context.Context, n uint64) (scan.Head, string, 
 // preferAhead makes the node furthest ahead the current one when the
 // current lags behind it (scan.Nodes.PreferAhead).
 func (s *Source) preferAhead(ctx context.Context) {
-	s.nodes.PreferAhead(ctx, func(ctx context.Context, e *endpoint) (uint64, error) { return e.eth.BlockNumber(ctx) })
+	s.nodes.PreferAhead(ctx, func(ctx context.Context, e *endpoint) (uint64, error) {
+		h, err := header(ctx, e, "latest") // as the scanner reads the head
+		return uint64(h.Number), err
+	}, func(ctx context.Context, e *endpoint, n uint64) (string, error) {
+		h, err := header(ctx, e, blockTag(n))
+		return h.Hash.Hex(), err
+	})
 }
 
 // BlockHash returns the canonical hash at height n.

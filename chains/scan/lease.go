@@ -37,26 +37,57 @@ func TryLease(ctx context.Context, db *sqlx.DB, name string) (*Lease, error) {
 	return &Lease{conn: conn, name: name}, nil
 }
 
-// Alive checks that the lease's connection (and so the lock) still stands.
-func (l *Lease) Alive(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+// Alive checks that the lease's connection (and so the lock) still stands,
+// within timeout: a connection that does not answer in time counts as
+// lost, even when the driver would go on waiting on a silent socket.
+func (l *Lease) Alive(ctx context.Context, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	return l.conn.PingContext(ctx)
+	done := make(chan error, 1)
+	go func() { done <- l.conn.PingContext(ctx) }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return fmt.Errorf("lease %s: its connection did not answer within %s", l.name, timeout)
+	}
 }
 
-// Release gives the lease up.
+// Release gives the lease up. It does not wait on a connection that stopped
+// answering (closing it waits for the driver, which may wait for ever).
 func (l *Lease) Release() {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_, _ = l.conn.ExecContext(ctx, `SELECT pg_advisory_unlock(hashtextextended($1, 0))`, "paywatch:"+l.name)
-	l.conn.Close()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_, _ = l.conn.ExecContext(ctx, `SELECT pg_advisory_unlock(hashtextextended($1, 0))`, "paywatch:"+l.name)
+		l.conn.Close()
+	}()
+	select {
+	case <-done:
+	case <-time.After(6 * time.Second):
+	}
 }
+
+// aliveTimeout is how long a lease's check may take before the lease
+// counts as lost.
+func aliveTimeout(interval time.Duration) time.Duration { return max(interval, time.Second) }
+
+// takeoverDelay is how long an instance that took a lease over waits
+// before it runs the job: by then the former holder, which checks its lease
+// every interval, each check failing within aliveTimeout, has found it
+// lost and stopped its own job.
+func takeoverDelay(interval time.Duration) time.Duration { return 2*interval + aliveTimeout(interval) }
 
 // RunLeased runs job whenever this instance holds the lease called name,
 // polling for it every interval while another instance holds it. The job's
 // context is cancelled when the lease is lost (its connection checked every
-// interval); a lease taken over from another instance starts its job two
-// intervals later, by when the other has stopped its own. RunLeased returns when ctx
+// interval, an unanswered check counting as lost); a lease taken over from
+// another instance starts its job takeoverDelay later, by when the other
+// has stopped its own. (An instance that starts and finds the lease free
+// starts at once: a former holder whose process lives on past its dropped
+// connection may run its job until its next check.) RunLeased returns when ctx
 // ends, or with the job's error when the job fails for good (it is not
 // restarted).
 func RunLeased(ctx context.Context, db *sqlx.DB, name string, interval time.Duration, log *slog.Logger, job func(context.Context) error) error {
@@ -69,13 +100,13 @@ func RunLeased(ctx context.Context, db *sqlx.DB, name string, interval time.Dura
 		if lease != nil && waiting {
 			// Taken from another instance: it may not know yet. It checks
 			// its lease every interval and stops its job when the check
-			// fails; wait that long (twice, for its check's own round
-			// trip) so that the two never run at once.
+			// fails; wait until it must have, so that the two never run at
+			// once.
 			select {
 			case <-ctx.Done():
 				lease.Release()
 				return ctx.Err()
-			case <-time.After(2 * interval):
+			case <-time.After(takeoverDelay(interval)):
 			}
 		}
 		if lease != nil {
@@ -119,7 +150,7 @@ func runWhileHeld(ctx context.Context, lease *Lease, interval time.Duration, job
 			}
 			return err
 		case <-tick.C:
-			if err := lease.Alive(ctx); err != nil && ctx.Err() == nil {
+			if err := lease.Alive(ctx, aliveTimeout(interval)); err != nil && ctx.Err() == nil {
 				cancel()
 				<-done
 				return nil

@@ -35,6 +35,9 @@ type Nodes[E any] struct {
 	checked []atomic.Bool
 	// lagChecked is when PreferAhead last compared the heads (unix ns).
 	lagChecked atomic.Int64
+	// LagCheckEvery is how often PreferAhead compares the heads;
+	// LagCheckInterval when zero.
+	LagCheckEvery time.Duration
 }
 
 // NewNodes returns the endpoints of urls, each made by dial.
@@ -103,29 +106,38 @@ const MaxLag = 2
 // background (it never holds the caller up), the heads the nodes report
 // (head reads one, within LagCheckTimeout), and makes the node furthest
 // ahead the current one when the current trails it by more than MaxLag
-// blocks: a node that answers but lags behind would otherwise hold every
-// payment back by its lag. A node that does not answer is left out (Call's
-// failover deals with it). It is a no-op with one node.
-func (n *Nodes[E]) PreferAhead(ctx context.Context, head func(ctx context.Context, e E) (uint64, error)) {
+// blocks and both agree on the block at the current node's head (hashAt
+// reads a node's hash at a height): a node that answers but lags behind
+// would otherwise hold every payment back by its lag, and a node on
+// another chain or fork, however far ahead, is never preferred. A node
+// that does not answer is left out (Call's failover deals with it). It is a
+// no-op with one node.
+func (n *Nodes[E]) PreferAhead(ctx context.Context, head func(ctx context.Context, e E) (uint64, error),
+	hashAt func(ctx context.Context, e E, height uint64) (string, error)) {
 	if len(n.Endpoints) < 2 {
 		return
 	}
+	every := n.LagCheckEvery
+	if every <= 0 {
+		every = LagCheckInterval
+	}
 	now := time.Now().UnixNano()
 	last := n.lagChecked.Load()
-	if now-last < int64(LagCheckInterval) || !n.lagChecked.CompareAndSwap(last, now) {
+	if now-last < int64(every) || !n.lagChecked.CompareAndSwap(last, now) {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), LagCheckTimeout)
 	go func() {
 		defer cancel()
-		n.compareHeads(ctx, head)
+		n.compareHeads(ctx, head, hashAt)
 	}()
 }
 
 // LagCheckTimeout bounds one comparison of the nodes' heads.
 const LagCheckTimeout = 5 * time.Second
 
-func (n *Nodes[E]) compareHeads(ctx context.Context, head func(ctx context.Context, e E) (uint64, error)) {
+func (n *Nodes[E]) compareHeads(ctx context.Context, head func(ctx context.Context, e E) (uint64, error),
+	hashAt func(ctx context.Context, e E, height uint64) (string, error)) {
 	heads := make([]uint64, len(n.Endpoints))
 	ok := make([]bool, len(n.Endpoints))
 	var wg sync.WaitGroup
@@ -150,7 +162,18 @@ func (n *Nodes[E]) compareHeads(ctx context.Context, head func(ctx context.Conte
 			best = i
 		}
 	}
-	if best == cur || !ok[best] || (ok[cur] && heads[best] <= heads[cur]+MaxLag) {
+	if best == cur || !ok[best] || !ok[cur] || heads[best] <= heads[cur]+MaxLag {
+		return // (a current node that does not answer is Call's to fail over)
+	}
+	// The same chain: the node ahead holds the current node's head block.
+	var mine, theirs string
+	errMine := n.attempt(ctx, cur, func(ctx context.Context, e E) (err error) { mine, err = hashAt(ctx, e, heads[cur]); return err })
+	errTheirs := n.attempt(ctx, best, func(ctx context.Context, e E) (err error) { theirs, err = hashAt(ctx, e, heads[cur]); return err })
+	if errMine != nil || errTheirs != nil || mine == "" || mine != theirs {
+		if n.Log != nil && errMine == nil && errTheirs == nil {
+			n.Log.Warn("a node reports a head ahead of the current one but holds another block at its height; not switching",
+				"url", n.URLs[best], "head", heads[best], "height", heads[cur])
+		}
 		return
 	}
 	n.current.Store(int64(best))
