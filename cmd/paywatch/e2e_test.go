@@ -380,3 +380,17 @@ func TestInvalidConfigTouchesNothing(t *testing.T) {
 		t.Fatalf("database created despite an invalid config (exists=%v, %v)", exists, err)
 	}
 }
+
+// serve creates its database when the server has none by that name, and
+// migrates it.
+func TestServeCreatesItsDatabase(t *testing.T) {
+	dbURL, name := pgtest.UnusedURL(t)
+	d := startDaemon(t, writeConfig(t), dbURL)
+	if code, _ := d.call("GET", "/readyz", "", ""); code != 200 {
+		t.Fatalf("readyz %d on the database serve created", code)
+	}
+	if code, o := d.call("POST", "/v1/orders", e2eStorefrontKey,
+		`{"external_id":"fresh-1","network":"ethereum","asset":"USDT","amount":"3"}`); code != 201 {
+		t.Fatalf("create on database %s: %d %v", name, code, o)
+	}
+}

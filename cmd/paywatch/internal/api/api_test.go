@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -538,5 +539,28 @@ func TestProbesAnswerWhileTheAPIPoolIsExhausted(t *testing.T) {
 		if res.StatusCode != 200 || time.Since(start) > time.Second {
 			t.Fatalf("%s answered %d after %s with the API pool exhausted", path, res.StatusCode, time.Since(start))
 		}
+	}
+}
+
+// A list without limit returns 50 items, and the cursor to the rest.
+func TestListLimitDefaultsTo50(t *testing.T) {
+	f := newFixture(t)
+	for i := range 51 {
+		if res := f.do("POST", "/v1/orders", storefrontKey,
+			fmt.Sprintf(`{"external_id":"many-%d","network":"ethereum","asset":"USDT","amount":"%d"}`, i, i+1)); res.status != 201 {
+			t.Fatalf("create: %d %s", res.status, res.body)
+		}
+	}
+	var list struct {
+		Data       []json.RawMessage `json:"data"`
+		NextCursor *string           `json:"next_cursor"`
+	}
+	f.do("GET", "/v1/orders", storefrontKey, "").decode(t, &list)
+	if len(list.Data) != 50 || list.NextCursor == nil {
+		t.Fatalf("%d orders on the first page (next cursor %v), want 50 and a cursor", len(list.Data), list.NextCursor)
+	}
+	f.do("GET", "/v1/orders?cursor="+*list.NextCursor, storefrontKey, "").decode(t, &list)
+	if len(list.Data) != 1 || list.NextCursor != nil {
+		t.Fatalf("%d orders on the second page (next cursor %v), want 1 and none", len(list.Data), list.NextCursor)
 	}
 }
