@@ -97,6 +97,26 @@ func TestOperatorCommands(t *testing.T) {
 	if out, rc = d.cli(e2eOperatorKey, "webhooks", "list", "--order", id); rc != 0 || !strings.Contains(out, "order.disputed") {
 		t.Fatalf("webhooks list (%d):\n%s", rc, out)
 	}
+	// No webhook URL here: nothing was sent, nothing failed; an operator
+	// may queue an event again, and the order's timeline says so.
+	if out, rc = d.cli(e2eOperatorKey, "webhooks", "list", "--status", "failed"); rc != 0 || strings.Contains(out, "order.") {
+		t.Fatalf("webhooks list --status failed (%d):\n%s", rc, out)
+	}
+	var hooks page
+	out, rc = d.cli(e2eOperatorKey, "webhooks", "list", "--order", id, "--json")
+	if rc != 0 || json.Unmarshal([]byte(out), &hooks) != nil || len(hooks.Data) == 0 {
+		t.Fatalf("webhooks list --json (%d):\n%s", rc, out)
+	}
+	evt := str(hooks.Data[0]["event_id"])
+	if out, rc = d.cli(e2eOperatorKey, "webhooks", "redeliver", evt); rc != 0 || !strings.Contains(out, "event "+evt) || !strings.Contains(out, "queued for delivery") {
+		t.Fatalf("webhooks redeliver (%d):\n%s", rc, out)
+	}
+	if out, rc = d.cli(e2eOperatorKey, "orders", "show", id); rc != 0 || !strings.Contains(out, "webhook_redelivered") {
+		t.Fatalf("the timeline after a redelivery (%d):\n%s", rc, out)
+	}
+	if out, rc = d.cli(e2eOperatorKey, "webhooks", "redeliver", "evt_nope"); rc != 1 || !strings.Contains(out, "not_found") {
+		t.Fatalf("redeliver an unknown event (%d):\n%s", rc, out)
+	}
 
 	// Errors: exit 1 with the API's word; usage errors exit 2; help exits 0.
 	if out, rc = d.cli(e2eOperatorKey, "orders", "show", "ord_nope"); rc != 1 || !strings.Contains(out, "not_found") {
