@@ -394,3 +394,60 @@ func TestServeCreatesItsDatabase(t *testing.T) {
 		t.Fatalf("create on database %s: %d %v", name, code, o)
 	}
 }
+
+// Long-polls waiting when the daemon is told to stop answer at once (304,
+// nothing changed) instead of holding the shutdown, and the daemon exits 0.
+func TestLongPollsAnswerAtShutdown(t *testing.T) {
+	d := startDaemon(t, writeConfig(t), pgtest.NewURL(t))
+	code, o := d.call("POST", "/v1/orders", e2eStorefrontKey, `{"external_id":"wait-1","network":"ethereum","asset":"USDT","amount":"4"}`)
+	if code != 201 {
+		t.Fatalf("create: %d %v", code, o)
+	}
+	res, err := http.DefaultClient.Do(func() *http.Request {
+		r, _ := http.NewRequest("GET", d.url+"/v1/orders/"+o["id"].(string), nil)
+		r.Header.Set("Authorization", "Bearer "+e2eStorefrontKey)
+		return r
+	}())
+	if err != nil {
+		t.Fatal(err)
+	}
+	etag := res.Header.Get("ETag")
+	res.Body.Close()
+	answered := make(chan int, 3)
+	for range 3 {
+		go func() {
+			r, _ := http.NewRequest("GET", d.url+"/v1/orders/"+o["id"].(string)+"?wait=60s", nil)
+			r.Header.Set("Authorization", "Bearer "+e2eStorefrontKey)
+			r.Header.Set("If-None-Match", etag)
+			res, err := http.DefaultClient.Do(r)
+			if err != nil {
+				answered <- -1
+				return
+			}
+			res.Body.Close()
+			answered <- res.StatusCode
+		}()
+	}
+	time.Sleep(500 * time.Millisecond) // the three are waiting
+	stopped := time.Now()
+	_ = d.cmd.Process.Signal(syscall.SIGTERM)
+	for range 3 {
+		select {
+		case code := <-answered:
+			if code != 304 {
+				t.Fatalf("a waiting long-poll got %d at shutdown, want 304", code)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("a waiting long-poll held the shutdown")
+		}
+	}
+	select {
+	case <-d.done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no exit")
+	}
+	if code := d.cmd.ProcessState.ExitCode(); code != 0 || time.Since(stopped) > 5*time.Second {
+		t.Fatalf("exit code %d after %s", code, time.Since(stopped))
+	}
+	t.Logf("three waiting long-polls answered and the daemon stopped %s after SIGTERM", time.Since(stopped).Round(time.Millisecond))
+}
