@@ -102,6 +102,10 @@ func TestOperatorCommands(t *testing.T) {
 	if out, rc = d.cli(e2eOperatorKey, "webhooks", "list", "--status", "failed"); rc != 0 || strings.Contains(out, "order.") {
 		t.Fatalf("webhooks list --status failed (%d):\n%s", rc, out)
 	}
+	if out, rc = d.cli(e2eOperatorKey, "webhooks", "list", "--order", id, "--status", "pending"); rc != 0 ||
+		!strings.Contains(out, "order.disputed") || strings.Contains(out, "delivered") {
+		t.Fatalf("without webhooks.url the events wait, pending, unsent (%d):\n%s", rc, out)
+	}
 	var hooks page
 	out, rc = d.cli(e2eOperatorKey, "webhooks", "list", "--order", id, "--json")
 	if rc != 0 || json.Unmarshal([]byte(out), &hooks) != nil || len(hooks.Data) == 0 {

@@ -636,3 +636,18 @@ func TestURLSecretsStayOutOfErrorsAndLogs(t *testing.T) {
 		}
 	}
 }
+
+// The webhook client takes no proxy from the environment (HTTPS_PROXY and
+// the like): a proxy would connect where the SSRF guard cannot look.
+func TestWebhookClientUsesNoProxy(t *testing.T) {
+	for _, allowPrivate := range []bool{false, true} {
+		c := outbox.Client(allowPrivate, time.Second)
+		tr, ok := c.Transport.(*http.Transport)
+		if !ok || tr.Proxy != nil {
+			t.Fatalf("allow_private_networks %v: the client's transport takes a proxy (%T)", allowPrivate, c.Transport)
+		}
+		if c.CheckRedirect == nil || c.CheckRedirect(nil, nil) == nil {
+			t.Fatalf("allow_private_networks %v: the client follows redirects", allowPrivate)
+		}
+	}
+}
