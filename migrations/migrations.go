@@ -34,6 +34,19 @@ func Up(ctx context.Context, db *sql.DB) ([]int64, error) {
 	return applied, nil
 }
 
+// UpTo applies the pending migrations up to version and no further: an
+// upgrade over a database that already holds data is tested with it.
+func UpTo(ctx context.Context, db *sql.DB, version int64) error {
+	p, err := provider(db)
+	if err != nil {
+		return err
+	}
+	if _, err := p.UpTo(ctx, version); err != nil {
+		return fmt.Errorf("apply migrations up to %d: %w", version, err)
+	}
+	return nil
+}
+
 // Version returns the schema version of db and the newest version this
 // binary knows.
 func Version(ctx context.Context, db *sql.DB) (current, latest int64, err error) {
