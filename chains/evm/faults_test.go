@@ -226,13 +226,14 @@ func TestTwoDaemonsTakeOver(t *testing.T) {
 	e.expect(wants...)
 }
 
-// A node whose connections are reset now and then (one request in three
-// dropped without an answer): every payment is found once, the scan and
-// the balance checks retrying what was cut.
+// A node whose connections are reset now and then (one request in three,
+// at random, dropped without an answer): every payment is found once, the
+// scan and the balance checks retrying what was cut.
 func TestNodeResettingConnections(t *testing.T) {
 	e := newEnv(t)
 	proxy := evmtest.NewProxy(t, e.chain.URL)
 	proxy.ResetEvery.Store(3)
+	proxy.MaxLogRange.Store(10) // many batches, many requests: resets are sure to come
 	e.network.RPCURLs = []string{proxy.URL}
 	e.network.StartBlock = e.chain.Head()
 	wants := e.sprinkle(40, 3)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -30,12 +31,11 @@ type Proxy struct {
 	// NoLogTimes strips blockTimestamp from the logs eth_getLogs returns,
 	// as many nodes do.
 	NoLogTimes atomic.Bool
-	// ResetEvery, when non-zero, drops every n-th connection without an
-	// answer (a TCP reset, as a load balancer in trouble does). Resets
-	// counts them.
+	// ResetEvery, when non-zero, drops one request in n, at random,
+	// without an answer (a TCP reset, as a load balancer in trouble does).
+	// Resets counts them.
 	ResetEvery atomic.Int64
 	Resets     atomic.Int64
-	served     atomic.Int64
 	// Lag makes the node answer as if it were that many blocks behind the
 	// chain: "latest" and eth_blockNumber mean the head less Lag.
 	Lag atomic.Int64
@@ -71,7 +71,7 @@ type rpcRequest struct {
 }
 
 func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) {
-	if n := p.ResetEvery.Load(); n > 0 && p.served.Add(1)%n == 0 {
+	if n := p.ResetEvery.Load(); n > 0 && rand.Int64N(n) == 0 {
 		if hj, ok := w.(http.Hijacker); ok {
 			if conn, _, err := hj.Hijack(); err == nil {
 				if tc, ok := conn.(*net.TCPConn); ok {
