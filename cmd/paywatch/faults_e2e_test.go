@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/ethereum/go-ethereum/common"
-	"github.com/jmoiron/sqlx"
 
 	"github.com/paywatch/paywatch"
 	"github.com/paywatch/paywatch/chains/bitcoin/btctest"
@@ -36,11 +35,7 @@ var (
 // The seed and the kill times are printed; -faults.seed replays a run and
 // -faults.kills sets how many kills (the long form: -faults.kills 40).
 func TestKillNineDuringCatchUp(t *testing.T) {
-	seed := *faultSeed
-	if seed == 0 {
-		seed = uint64(time.Now().UnixNano())
-	}
-	rng := rand.New(rand.NewPCG(seed, 0))
+	seed, rng := faultRand(0)
 	chain := evmtest.New(t)
 	usdt := chain.DeployToken("Tether USD", "USDT", 6)
 	shop := common.HexToAddress("0x1111111111111111111111111111111111111111")
@@ -66,23 +61,12 @@ func TestKillNineDuringCatchUp(t *testing.T) {
 	proxy.Delay.Store(int64(15 * time.Millisecond))
 	dbURL := pgtest.NewURL(t)
 	cfg := chainConfig(t, proxy.URL, start, usdt.Address, shop)
-	var kills []string
-	var db *sqlx.DB
-	for k := 0; k < *faultKills; k++ {
-		d := startDaemon(t, cfg, dbURL)
-		if db == nil {
-			var err error
-			if db, err = migrations.Open(t.Context(), dbURL); err != nil {
-				t.Fatal(err)
-			}
-			defer db.Close()
-		}
-		after := time.Duration(rng.IntN(1500)) * time.Millisecond
-		time.Sleep(after)
-		if err := d.cmd.Process.Signal(syscall.SIGKILL); err != nil {
-			t.Fatal(err)
-		}
-		<-d.done
+	db, err := migrations.Open(t.Context(), dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	kills := killRepeatedly(t, cfg, dbURL, rng, func() string {
 		var at struct {
 			Cursor *int64 `db:"block_number"`
 			N      int    `db:"n"`
@@ -94,8 +78,8 @@ func TestKillNineDuringCatchUp(t *testing.T) {
 		if at.Cursor != nil {
 			cursor = fmt.Sprint(*at.Cursor)
 		}
-		kills = append(kills, fmt.Sprintf("%s (cursor %s of %d, %d transfers)", after, cursor, chain.Head(), at.N))
-	}
+		return fmt.Sprintf("cursor %s of %d, %d transfers", cursor, chain.Head(), at.N)
+	})
 	t.Logf("seed %d: SIGKILL %d times, after: %s", seed, len(kills), strings.Join(kills, "; "))
 	d := startDaemon(t, cfg, dbURL)
 	var got struct {
@@ -117,19 +101,7 @@ func TestKillNineDuringCatchUp(t *testing.T) {
 	if code := d.stop(); code != 0 {
 		t.Fatalf("exit code %d", code)
 	}
-	// A last pass posts what the stopped daemon's reconciler had not yet;
-	// then every invariant holds.
-	bin, _ := buildBinary()
-	once := exec.Command(bin, "reconcile", "--config", cfg, "--once")
-	once.Env = daemonEnv(dbURL)
-	if out, err := once.CombinedOutput(); err != nil {
-		t.Fatalf("reconcile --once: %v\n%s", err, out)
-	}
-	check := exec.Command(bin, "check", "--config", cfg)
-	check.Env = daemonEnv(dbURL)
-	if out, err := check.CombinedOutput(); err != nil {
-		t.Fatalf("seed %d: invariants after the kills: %v\n%s", seed, err, out)
-	}
+	checkInvariants(t, cfg, dbURL, seed)
 	fmt.Printf("kill -9 during catch-up, seed %d: %d kills; nothing lost: %d transfers recorded once each, summing %s\n",
 		seed, len(kills), got.N, got.Sum)
 }
@@ -140,11 +112,7 @@ func TestKillNineDuringCatchUp(t *testing.T) {
 // its amount slot) or not written at all; the daemon reconnects by itself,
 // every payment is found once, and every invariant holds.
 func TestSessionsTerminatedUnderLoad(t *testing.T) {
-	seed := *faultSeed
-	if seed == 0 {
-		seed = uint64(time.Now().UnixNano())
-	}
-	rng := rand.New(rand.NewPCG(seed, 1))
+	seed, rng := faultRand(1)
 	chain := evmtest.New(t)
 	usdt := chain.DeployToken("Tether USD", "USDT", 6)
 	shop := common.HexToAddress("0x1111111111111111111111111111111111111111")
@@ -244,17 +212,7 @@ func TestSessionsTerminatedUnderLoad(t *testing.T) {
 	if code := d.stop(); code != 0 {
 		t.Fatalf("exit code %d", code)
 	}
-	bin, _ := buildBinary()
-	once := exec.Command(bin, "reconcile", "--config", cfg, "--once")
-	once.Env = daemonEnv(dbURL)
-	if out, err := once.CombinedOutput(); err != nil {
-		t.Fatalf("reconcile --once: %v\n%s", err, out)
-	}
-	check := exec.Command(bin, "check", "--config", cfg)
-	check.Env = daemonEnv(dbURL)
-	if out, err := check.CombinedOutput(); err != nil {
-		t.Fatalf("seed %d: invariants: %v\n%s", seed, err, out)
-	}
+	checkInvariants(t, cfg, dbURL, seed)
 	fmt.Printf("sessions terminated under load, seed %d: %d sessions in %d rounds; %d orders whole, none partial; %d payments settled once\n",
 		seed, total, len(rounds), len(rows), len(payments))
 }
@@ -368,11 +326,7 @@ func TestDatabaseDown(t *testing.T) {
 // daemon was down): every restart goes on, and in the end every output is
 // recorded once, confirmed, and the invariants hold.
 func TestKillNineDuringBitcoinCatchUp(t *testing.T) {
-	seed := *faultSeed
-	if seed == 0 {
-		seed = uint64(time.Now().UnixNano())
-	}
-	rng := rand.New(rand.NewPCG(seed, 2))
+	seed, rng := faultRand(2)
 	node := btctest.New(t)
 	// The node is reached through a link that holds each piece of its
 	// answers back 20 ms: the catch-up takes many requests' time, and the
@@ -417,21 +371,13 @@ func TestKillNineDuringBitcoinCatchUp(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	var kills []string
-	for k := 0; k < *faultKills; k++ {
-		d := startDaemon(t, cfg, dbURL)
-		after := time.Duration(rng.IntN(1500)) * time.Millisecond
-		time.Sleep(after)
-		if err := d.cmd.Process.Signal(syscall.SIGKILL); err != nil {
-			t.Fatal(err)
-		}
-		<-d.done
+	kills := killRepeatedly(t, cfg, dbURL, rng, func() string {
 		var n int
 		if err := db.Get(&n, `SELECT count(*) FROM transfers WHERE state <> 'mempool'`); err != nil {
 			t.Fatal(err)
 		}
-		kills = append(kills, fmt.Sprintf("%s (%d outputs recorded)", after, n))
-	}
+		return fmt.Sprintf("%d outputs recorded", n)
+	})
 	t.Logf("seed %d: SIGKILL %d times, after: %s", seed, len(kills), strings.Join(kills, "; "))
 	d = startDaemon(t, cfg, dbURL)
 	var got struct {
@@ -451,17 +397,7 @@ func TestKillNineDuringBitcoinCatchUp(t *testing.T) {
 	if code := d.stop(); code != 0 {
 		t.Fatalf("exit code %d", code)
 	}
-	bin, _ := buildBinary()
-	once := exec.Command(bin, "reconcile", "--config", cfg, "--once")
-	once.Env = daemonEnv(dbURL)
-	if out, err := once.CombinedOutput(); err != nil {
-		t.Fatalf("reconcile --once: %v\n%s", err, out)
-	}
-	check := exec.Command(bin, "check", "--config", cfg)
-	check.Env = daemonEnv(dbURL)
-	if out, err := check.CombinedOutput(); err != nil {
-		t.Fatalf("seed %d: invariants after the kills: %v\n%s", seed, err, out)
-	}
+	checkInvariants(t, cfg, dbURL, seed)
 	fmt.Printf("kill -9 during a Bitcoin catch-up, seed %d: %d kills; nothing lost: %d outputs recorded once each, summing %d sat\n",
 		seed, len(kills), got.N, got.Sum)
 }
@@ -505,5 +441,52 @@ func TestDeadNodeBlocksNoOtherNetwork(t *testing.T) {
 	}
 	if health["devnet"] != "ok" || health["deadnet"] != "error" {
 		t.Fatalf("health %v, want devnet ok and deadnet error", health)
+	}
+}
+
+// faultRand returns the fault tests' seed (-faults.seed, or the clock's)
+// and a source of random numbers from it, one stream per test.
+func faultRand(stream uint64) (uint64, *rand.Rand) {
+	seed := *faultSeed
+	if seed == 0 {
+		seed = uint64(time.Now().UnixNano())
+	}
+	return seed, rand.New(rand.NewPCG(seed, stream))
+}
+
+// killRepeatedly starts the daemon and kills it with SIGKILL at a random
+// moment within 1.5 s, -faults.kills times; it returns each kill's moment
+// with what progress said after it.
+func killRepeatedly(t *testing.T, cfg, dbURL string, rng *rand.Rand, progress func() string) []string {
+	t.Helper()
+	var kills []string
+	for range *faultKills {
+		d := startDaemon(t, cfg, dbURL)
+		after := time.Duration(rng.IntN(1500)) * time.Millisecond
+		time.Sleep(after)
+		if err := d.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		<-d.done
+		kills = append(kills, fmt.Sprintf("%s (%s)", after, progress()))
+	}
+	return kills
+}
+
+// checkInvariants runs a last reconciler pass (posting what a stopped
+// daemon's had not yet), then paywatch check, which must find every
+// invariant holding.
+func checkInvariants(t *testing.T, cfg, dbURL string, seed uint64) {
+	t.Helper()
+	bin, _ := buildBinary()
+	once := exec.Command(bin, "reconcile", "--config", cfg, "--once")
+	once.Env = daemonEnv(dbURL)
+	if out, err := once.CombinedOutput(); err != nil {
+		t.Fatalf("reconcile --once: %v\n%s", err, out)
+	}
+	check := exec.Command(bin, "check", "--config", cfg)
+	check.Env = daemonEnv(dbURL)
+	if out, err := check.CombinedOutput(); err != nil {
+		t.Fatalf("seed %d: invariants: %v\n%s", seed, err, out)
 	}
 }
