@@ -123,21 +123,66 @@ func (s *Sender) Run(ctx context.Context) error {
 		}
 	}
 	s.log.Info("webhook sender running", "url", redactURL(s.url))
+	// Attempts run on their own: as soon as one ends, or an event is
+	// announced, due events of other orders take the free places, so that
+	// a receiver slow on one order holds up that order's events alone.
+	parallel := max(s.Parallel, 1)
+	var (
+		queue    []event             // due, not yet started
+		busy     = map[string]bool{} // orders with an event queued or in flight
+		inFlight int
+		finished = make(chan string, parallel) // never full: one send per attempt in flight
+		wg       sync.WaitGroup
+	)
+	defer wg.Wait() // an attempt ends before Run returns (and the lease goes)
+	fetch := true
 	for {
-		n, err := s.Round(ctx)
-		if err != nil && ctx.Err() == nil {
-			s.log.Warn("webhook round failed; retrying", "err", err)
+		if fetch && len(queue) == 0 && inFlight < parallel {
+			due, err := s.due(ctx, s.now(), busyOrders(busy))
+			if err != nil && ctx.Err() == nil {
+				s.log.Warn("webhook round failed; retrying", "err", err)
+			}
+			for _, e := range due {
+				busy[e.OrderID] = true
+			}
+			queue, fetch = due, err == nil && len(due) == batchSize // more may be due
 		}
-		if n > 0 && err == nil {
-			continue // more may be due
+		for ; len(queue) > 0 && inFlight < parallel; queue = queue[1:] {
+			e := queue[0]
+			inFlight++
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := s.deliver(ctx, e); err != nil && ctx.Err() == nil {
+					s.log.Warn("webhook delivery failed; retrying", "err", err)
+				}
+				finished <- e.OrderID
+			}()
+		}
+		if fetch && len(queue) == 0 && inFlight < parallel {
+			continue
 		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
+		case order := <-finished:
+			inFlight--
+			delete(busy, order)
+			fetch = true // the order's next event may be due now
 		case <-wake:
+			fetch = true
 		case <-time.After(pollInterval):
+			fetch = true
 		}
 	}
+}
+
+func busyOrders(busy map[string]bool) []string {
+	ids := make([]string, 0, len(busy))
+	for id := range busy {
+		ids = append(ids, id)
+	}
+	return ids
 }
 
 type event struct {
@@ -151,40 +196,12 @@ type event struct {
 
 // Round seals what is unsealed, gives up on events past their retry age
 // (one that waited behind an earlier event of its order all that time
-// too), and sends one batch of due events. It returns how many it attempted.
+// too), and sends one batch of due events, Parallel at a time, waiting for
+// them all. It returns how many it attempted.
 func (s *Sender) Round(ctx context.Context) (int, error) {
-	now := s.now()
-	if s.Sealer != nil {
-		var sealed int
-		err := pg.Tx(ctx, s.db, func(tx *sqlx.Tx) error {
-			var err error
-			sealed, err = s.Sealer.Seal(ctx, tx)
-			return err
-		})
-		if err != nil {
-			return 0, err
-		}
-		if sealed > 0 {
-			s.log.Warn("webhook events were written without a body; sealed with their orders as they are now", "events", sealed)
-		}
-	}
-	if _, err := s.db.ExecContext(ctx, `UPDATE webhook_outbox
-		SET status = CASE WHEN last_refused THEN 'refused' ELSE 'failed' END, next_attempt_at = $1,
-		last_error = coalesce(last_error || '; ', '') || 'gave up: no 2xx answer within max_retry_age'
-		WHERE status = 'pending' AND coalesce(retry_from, created_at) + $2::float8 * interval '1 microsecond' < $1`,
-		now, s.MaxRetryAge.Microseconds()); err != nil {
-		return 0, fmt.Errorf("give up on old webhook events: %w", err)
-	}
-	// The earliest pending event of each order, if due: an order's events
-	// leave in the order they were written.
-	var due []event
-	if err := s.db.SelectContext(ctx, &due, `SELECT o.id, o.order_id, o.type, o.body, o.attempts, o.generation
-		FROM webhook_outbox o
-		WHERE o.status = 'pending' AND o.next_attempt_at <= $1 AND o.body IS NOT NULL
-			AND NOT EXISTS (SELECT 1 FROM webhook_outbox p
-				WHERE p.order_id = o.order_id AND p.status = 'pending' AND p.seq < o.seq)
-		ORDER BY o.next_attempt_at, o.seq LIMIT $2`, now, batchSize); err != nil {
-		return 0, fmt.Errorf("read due webhook events: %w", err)
+	due, err := s.due(ctx, s.now(), nil)
+	if err != nil {
+		return 0, err
 	}
 	parallel := max(s.Parallel, 1)
 	sem := make(chan struct{}, parallel)
@@ -200,6 +217,51 @@ func (s *Sender) Round(ctx context.Context) (int, error) {
 	}
 	wg.Wait()
 	return len(due), errors.Join(errs...)
+}
+
+// due seals what is unsealed, gives up on events past their retry age, and
+// returns up to a batch of due events. The orders in busy have an event on
+// its way: none of theirs is returned or given up (the attempt in flight
+// records its own outcome).
+func (s *Sender) due(ctx context.Context, now time.Time, busy []string) ([]event, error) {
+	if busy == nil {
+		busy = []string{} // not NULL: no order is busy
+	}
+	if s.Sealer != nil {
+		var sealed int
+		err := pg.Tx(ctx, s.db, func(tx *sqlx.Tx) error {
+			var err error
+			sealed, err = s.Sealer.Seal(ctx, tx)
+			return err
+		})
+		if err != nil {
+			return nil, err
+		}
+		if sealed > 0 {
+			s.log.Warn("webhook events were written without a body; sealed with their orders as they are now", "events", sealed)
+		}
+	}
+	if _, err := s.db.ExecContext(ctx, `UPDATE webhook_outbox
+		SET status = CASE WHEN last_refused THEN 'refused' ELSE 'failed' END, next_attempt_at = $1,
+		last_error = coalesce(last_error || '; ', '') || 'gave up: no 2xx answer within max_retry_age'
+		WHERE status = 'pending' AND coalesce(retry_from, created_at) + $2::float8 * interval '1 microsecond' < $1
+			AND order_id <> ALL ($3::text[])`,
+		now, s.MaxRetryAge.Microseconds(), pq.Array(busy)); err != nil {
+		return nil, fmt.Errorf("give up on old webhook events: %w", err)
+	}
+	// The earliest pending event of each order, if due: an order's events
+	// leave in the order they were written.
+	var due []event
+	if err := s.db.SelectContext(ctx, &due, `SELECT o.id, o.order_id, o.type, o.body, o.attempts, o.generation
+		FROM webhook_outbox o
+		WHERE o.status = 'pending' AND o.next_attempt_at <= $1 AND o.body IS NOT NULL
+			AND NOT EXISTS (SELECT 1 FROM webhook_outbox p
+				WHERE p.order_id = o.order_id AND p.status = 'pending' AND p.seq < o.seq)
+			AND o.order_id <> ALL ($3::text[])
+		ORDER BY o.next_attempt_at, o.seq LIMIT $2`, now, batchSize, pq.Array(busy)); err != nil {
+		return nil, fmt.Errorf("read due webhook events: %w", err)
+	}
+	return due, nil
 }
 
 // attempt is the outcome of one POST.
