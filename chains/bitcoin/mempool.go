@@ -51,17 +51,33 @@ type Mempool struct {
 	loaded  bool
 }
 
-// DefaultMempoolInterval is the time between mempool reads.
+// DefaultMempoolInterval is the time between mempool reads, unless the
+// network is polled more often (mempoolInterval).
 const DefaultMempoolInterval = 2 * time.Second
+
+// minMempoolInterval is the shortest time between mempool reads (the
+// shortest poll_interval allowed).
+const minMempoolInterval = 100 * time.Millisecond
+
+// mempoolInterval is the time between mempool reads on a network polled
+// every poll: DefaultMempoolInterval, or poll if shorter. A network with
+// no poll interval set reads every DefaultMempoolInterval.
+func mempoolInterval(poll time.Duration) time.Duration {
+	if poll <= 0 {
+		return DefaultMempoolInterval
+	}
+	return min(DefaultMempoolInterval, max(poll, minMempoolInterval))
+}
 
 // mempoolBatch is how many raw transactions one request reads.
 const mempoolBatch = 250
 
 // NewMempool returns a mempool watcher reading through src's nodes and
-// watch set, recording into db.
+// watch set, recording into db, every DefaultMempoolInterval or the
+// network's poll interval if shorter.
 func NewMempool(src *Source, db *sqlx.DB, log *slog.Logger) *Mempool {
 	return &Mempool{src: src, db: db, log: log.With("network", src.network.Name, "watcher", "mempool"), Now: time.Now,
-		Interval: DefaultMempoolInterval, MaxFetch: 20 * mempoolBatch}
+		Interval: mempoolInterval(src.network.PollInterval), MaxFetch: 20 * mempoolBatch}
 }
 
 // Run steps until ctx ends; errors are logged and retried at the next

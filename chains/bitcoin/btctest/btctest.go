@@ -40,21 +40,33 @@ type Node struct {
 // index on (for node look-ups of customers' transactions).
 func New(t testing.TB) *Node {
 	t.Helper()
-	return start(t, true)
+	return start(t, true, true)
+}
+
+// NewWithoutTxIndex starts a node with mature coins in its wallet and no
+// transaction index (btcd's default): a mined transaction is not found by
+// its txid.
+func NewWithoutTxIndex(t testing.TB) *Node {
+	t.Helper()
+	return start(t, true, false)
 }
 
 // NewPeer starts a second node, with no coins of its own, connected to n
 // and synced to its chain: two nodes to mine apart and join again.
 func NewPeer(t testing.TB, n *Node) *Node {
 	t.Helper()
-	peer := start(t, false)
+	peer := start(t, false, true)
 	peer.Connect(n)
 	return peer
 }
 
-func start(t testing.TB, coins bool) *Node {
+func start(t testing.TB, coins, txindex bool) *Node {
 	t.Helper()
-	dn, err := devnode.Start(coins)
+	startNode := devnode.Start
+	if !txindex {
+		startNode = devnode.StartWithoutTxIndex
+	}
+	dn, err := startNode(coins)
 	if err != nil {
 		t.Fatalf("btctest: %v", err)
 	}

@@ -41,7 +41,14 @@ type Node struct {
 
 // Start builds btcd if needed and starts a node with the transaction index
 // on; with coins, its wallet holds mature coins to pay from.
-func Start(coins bool) (*Node, error) {
+func Start(coins bool) (*Node, error) { return start(coins, true) }
+
+// StartWithoutTxIndex starts a node as btcd and Bitcoin Core run by
+// default: with no index of transactions, so that a mined transaction is
+// not found by its txid.
+func StartWithoutTxIndex(coins bool) (*Node, error) { return start(coins, false) }
+
+func start(coins, txindex bool) (*Node, error) {
 	setUp.Lock()
 	defer setUp.Unlock()
 	btcd, err := btcdPath()
@@ -57,7 +64,11 @@ func Start(coins bool) (*Node, error) {
 		mature = 30
 	}
 	for attempt := 1; ; attempt++ {
-		h, err := rpctest.New(Params, nil, []string{"--txindex"}, btcd)
+		var args []string
+		if txindex {
+			args = append(args, "--txindex")
+		}
+		h, err := rpctest.New(Params, nil, args, btcd)
 		if err != nil {
 			return nil, fmt.Errorf("btcd: %w", err)
 		}
