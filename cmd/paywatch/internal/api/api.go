@@ -108,8 +108,10 @@ type Server struct {
 	probes   Probes
 	metrics  http.Handler
 	schema   func(ctx context.Context) (current, latest int64, err error)
-	// waiting counts long-polls in progress.
-	waiting atomic.Int64
+	// waiting counts long-polls in progress; at most maxWaiting
+	// (MaxWaiting) wait at once.
+	waiting    atomic.Int64
+	maxWaiting int64
 	// draining is closed when the server shuts down: long-polls answer.
 	draining  chan struct{}
 	drainOnce sync.Once
@@ -118,14 +120,20 @@ type Server struct {
 	log       *slog.Logger
 }
 
-// New returns the API configured by cfg.
+// New returns the API configured by cfg. It takes the API keys out of
+// cfg: their Key fields are cleared, and only the keys' SHA-256 hashes are
+// kept.
 func New(cfg *config.Config, d Deps, log *slog.Logger) *Server {
 	nudge := d.Nudge
 	if nudge == nil {
 		nudge = func() {}
 	}
+	keys := newKeyring(cfg.APIKeys)
+	for i := range cfg.APIKeys {
+		cfg.APIKeys[i].Key = ""
+	}
 	return &Server{cfg: cfg, store: d.Orders, chains: d.Chains, ops: d.Operator, ledger: d.Ledger, webhooks: d.Webhooks, changes: d.Changes, probes: d.Probes, metrics: d.Metrics, schema: d.Schema, draining: make(chan struct{}), nudge: nudge,
-		keys: newKeyring(cfg.APIKeys), log: log}
+		keys: keys, maxWaiting: MaxWaiting, log: log}
 }
 
 // Handler returns the routed API with logging and panic recovery.

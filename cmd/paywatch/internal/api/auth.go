@@ -13,6 +13,8 @@ import (
 // keyring holds the API keys hashed: the plain keys are not kept.
 type keyring struct {
 	keys []hashedKey
+	// equal compares two hashes: subtle.ConstantTimeCompare.
+	equal func(a, b []byte) int
 }
 
 type hashedKey struct {
@@ -21,8 +23,11 @@ type hashedKey struct {
 }
 
 func newKeyring(keys []config.APIKey) *keyring {
-	k := &keyring{}
+	k := &keyring{equal: subtle.ConstantTimeCompare}
 	for _, c := range keys {
+		if c.Key == "" {
+			continue // cleared by an earlier New: no key, and never the empty one
+		}
 		h := hashedKey{hash: sha256.Sum256([]byte(c.Key)), key: c}
 		h.key.Key = ""
 		k.keys = append(k.keys, h)
@@ -36,7 +41,7 @@ func (k *keyring) lookup(presented string) *config.APIKey {
 	sum := sha256.Sum256([]byte(presented))
 	var found *config.APIKey
 	for i := range k.keys {
-		if subtle.ConstantTimeCompare(sum[:], k.keys[i].hash[:]) == 1 {
+		if k.equal(sum[:], k.keys[i].hash[:]) == 1 {
 			found = &k.keys[i].key
 		}
 	}

@@ -82,7 +82,7 @@ func (s *Server) getOrder(w http.ResponseWriter, r *http.Request, _ *config.APIK
 	}
 	inm := r.Header.Get("If-None-Match")
 	if wait > 0 && s.changes != nil && (inm == "" || matches(inm, etag)) {
-		if s.waiting.Add(1) > MaxWaiting {
+		if s.waiting.Add(1) > s.maxWaiting {
 			s.waiting.Add(-1)
 			return paywatch.Errorf(paywatch.CodeRateLimited, "too many requests are waiting for changes; retry in a few seconds")
 		}
@@ -117,8 +117,15 @@ func (s *Server) getOrder(w http.ResponseWriter, r *http.Request, _ *config.APIK
 			case <-s.draining:
 				break poll
 			case <-changed:
-				select { // at most one read per minRereadGap
+				// At most one read per minRereadGap; a wait that ends
+				// meanwhile (or a shutdown) answers what was read last
+				// (the next request sees the change at once).
+				select {
 				case <-time.After(time.Until(last.Add(minRereadGap))):
+				case <-timer.C:
+					break poll
+				case <-s.draining:
+					break poll
 				case <-r.Context().Done():
 					return nil
 				}
