@@ -72,24 +72,26 @@ func (s *Scanner) startPrefetch(ctx context.Context, from, to, head uint64) {
 
 // scanRange has the source scan [from, to] and, where it can in the same
 // round trip, read the hashes verify checks: those of the range's blocks
-// within the reorg window of head.
+// whose hashes are kept (keptFrom).
 func (s *Scanner) scanRange(ctx context.Context, from, to, head uint64) (*Batch, error) {
 	hs, ok := s.Source.(HashScanner)
-	if !ok || head == 0 || to+s.Window <= head {
-		// The head is not known yet, or the range is below the window.
+	if !ok || head == 0 || to < s.keptFrom(head) {
+		// The head is not known yet, or the range is below the kept blocks.
 		return s.Source.Scan(ctx, from, to)
 	}
 	var heights []uint64
-	for n := max(from, s.windowStart(head)); n <= to; n++ {
+	for n := max(from, s.keptFrom(head)); n <= to; n++ {
 		heights = append(heights, n)
 	}
 	return hs.ScanWithHashes(ctx, from, to, heights)
 }
 
-// windowStart is the lowest block within the reorg window of head.
-func (s *Scanner) windowStart(head uint64) uint64 {
+// keptFrom is the lowest block whose hash is kept at head: the Window
+// blocks up to head and the one below them, where a reorg replacing the
+// whole window forks (the store keeps as much, block by block).
+func (s *Scanner) keptFrom(head uint64) uint64 {
 	if head >= s.Window {
-		return head - s.Window + 1
+		return head - s.Window
 	}
 	return 0
 }
@@ -517,17 +519,15 @@ func (s *Scanner) confirmedAtOrBelow(h Head) uint64 {
 }
 
 // verify checks that the batch's last block, and every block within the
-// reorg window of the head that holds a transfer, are still canonical. It
-// also fills in the hash of every scanned block within that window, so that
-// a later reorg can be walked back block by block. Blocks deeper than the
-// window are not fetched: a reorg that deep halts the scanner at its next
-// cursor check, so catching up needs no header for blocks of the past.
+// reorg window of the head (or just below it: keptFrom) that holds a
+// transfer, are still canonical. It also fills in the hash of every such
+// scanned block, so that a later reorg can be walked back block by block,
+// a catch-up's as a step's. Blocks deeper than the window are not
+// fetched: a reorg that deep halts the scanner at its next cursor check,
+// so catching up needs no header for blocks of the past.
 // It returns the batch's last block.
 func (s *Scanner) verify(ctx context.Context, b *Batch, from, to uint64, head Head) (Block, error) {
-	recent := from
-	if head.Number >= s.Window && head.Number-s.Window+1 > recent {
-		recent = head.Number - s.Window + 1
-	}
+	recent := max(from, s.keptFrom(head.Number))
 	reported := map[uint64]string{}
 	deep := map[uint64]string{} // hashes of blocks below the window, as reported
 	for _, blk := range b.Blocks {
