@@ -39,7 +39,7 @@ const (
 	LookupConcurrency = 4
 	// MaxLookups is how often one claim is looked up on the node, at
 	// FirstLookupRetry, doubling up to MaxLookupRetry, before it is left to
-	// the scanner (about an hour and a half in all).
+	// the scanner (66 minutes from the first to the last).
 	MaxLookups       = 12
 	FirstLookupRetry = 5 * time.Second
 	MaxLookupRetry   = 15 * time.Minute
@@ -62,9 +62,11 @@ const (
 
 // followHints decides pending claims whose transaction has a live transfer
 // recorded: it links what they may link and rejects the rest. A claim whose
-// transfers a reorg orphaned stays pending: they may come back. It returns
-// the transfers linked and the claims decided.
-func (r *Reconciler) followHints(ctx context.Context, now time.Time) (linked, decided int64, err error) {
+// transfers a reorg orphaned stays pending: they may come back. It takes up
+// at most *budget of them, oldest first, and counts them off the budget: a
+// pass runs its steps in rounds, and its claims are HintsPerPass in all. It
+// returns the transfers linked and the claims decided.
+func (r *Reconciler) followHints(ctx context.Context, now time.Time, budget *int) (linked, decided int64, err error) {
 	// Claims whose order's window ended with nothing live recorded: given up.
 	var expired []string
 	if err := r.db.SelectContext(ctx, &expired, `SELECT o.id FROM orders o
@@ -86,15 +88,24 @@ func (r *Reconciler) followHints(ctx context.Context, now time.Time) (linked, de
 		decided++
 	}
 	// Claims whose transaction is recorded, oldest first. A claim of a hash
-	// nothing recorded costs one index probe here.
+	// nothing recorded costs one index probe here. A claim that must wait
+	// anyway (for its order's creation height, or for the balance check of
+	// one of its transfers: followHint) is left out, so that claims waiting
+	// long never take up the pass's budget.
+	if *budget <= 0 {
+		return linked, decided, nil
+	}
 	var pending []string
 	if err := r.db.SelectContext(ctx, &pending, `SELECT o.id FROM orders o
-		WHERE o.hint_state = 'pending'
+		WHERE o.hint_state = 'pending' AND o.created_height IS NOT NULL
 			AND EXISTS (SELECT 1 FROM transfers t WHERE t.network = o.network AND t.tx_hash = o.tx_hash_hint
 				AND t.state <> 'orphaned')
-		ORDER BY o.customer_marked_paid_at, o.id LIMIT $1`, HintsPerPass); err != nil {
+			AND NOT EXISTS (SELECT 1 FROM transfers t WHERE t.network = o.network AND t.tx_hash = o.tx_hash_hint
+				AND t.state <> 'orphaned' AND '`+paywatch.FlagBalancePending+`' = ANY (t.flags))
+		ORDER BY o.customer_marked_paid_at, o.id LIMIT $1`, *budget); err != nil {
 		return linked, decided, err
 	}
+	*budget -= len(pending)
 	for _, id := range pending {
 		var n int64
 		var done bool

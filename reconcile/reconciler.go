@@ -95,8 +95,9 @@ func (r *Reconciler) now() time.Time { return r.Now().UTC().Truncate(time.Micros
 func (r *Reconciler) Pass(ctx context.Context) (Result, error) {
 	now := r.now()
 	var total Result
+	claims := HintsPerPass // the claims of recorded transactions this pass may still take up
 	for round := 0; round < maxRounds; round++ {
-		res, err := r.round(ctx, now)
+		res, err := r.round(ctx, now, &claims)
 		total.Matched += res.Matched
 		total.Ambiguous += res.Ambiguous
 		total.Claims += res.Claims
@@ -120,8 +121,9 @@ func (r *Reconciler) Pass(ctx context.Context) (Result, error) {
 // maxRounds bounds the rounds of a pass; what is left waits for the next.
 const maxRounds = 4
 
-// round runs each step of a pass once.
-func (r *Reconciler) round(ctx context.Context, now time.Time) (Result, error) {
+// round runs each step of a pass once; claims is what is left of the
+// pass's budget of claims (followHints).
+func (r *Reconciler) round(ctx context.Context, now time.Time, claims *int) (Result, error) {
 	var res Result
 	var err error
 	if res.Mempool, err = r.mempool(ctx, now); err != nil {
@@ -133,7 +135,7 @@ func (r *Reconciler) round(ctx context.Context, now time.Time) (Result, error) {
 	if res.Matched, err = r.match(ctx, now); err != nil {
 		return res, fmt.Errorf("match transfers: %w", err)
 	}
-	linked, decided, err := r.followHints(ctx, now)
+	linked, decided, err := r.followHints(ctx, now, claims)
 	if err != nil {
 		return res, fmt.Errorf("check tx hash claims: %w", err)
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/big"
+	"strconv"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -179,9 +180,19 @@ func (r *Reconciler) decide(ctx context.Context, tx *sqlx.Tx, now time.Time, row
 // adjustRefund keeps what is owed back for a refunded order equal to the
 // payments that arrived: a reorg that takes one away takes its refund with
 // it, one that gives it back owes it again.
+//
+// Each adjustment has a ref of its own, numbered: the rounds of a pass share
+// its time, and a second adjustment in one pass must not be dropped as a
+// duplicate of the first. The order is locked: no one else adjusts it
+// meanwhile.
 func adjustRefund(ctx context.Context, tx *sqlx.Tx, now time.Time, orderID string) error {
+	var n int
+	if err := tx.GetContext(ctx, &n, `SELECT count(*) FROM ledger_entries WHERE order_id = $1 AND kind = $2`,
+		orderID, ledger.KindRefundAdjustment); err != nil {
+		return fmt.Errorf("count refund adjustments of %s: %w", orderID, err)
+	}
 	moved, err := ledger.Sweep(ctx, tx, now, orderID, ledger.KindRefundAdjustment,
-		orderID+"@"+now.Format("20060102150405.000000"), ledger.RefundsOwed)
+		orderID+"@"+now.Format("20060102150405.000000")+"#"+strconv.Itoa(n), ledger.RefundsOwed)
 	if err != nil || len(moved) == 0 {
 		return err
 	}

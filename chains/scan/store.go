@@ -363,13 +363,18 @@ func insertTransfers(ctx context.Context, tx *sqlx.Tx, network string, found []F
 // reconciler checks its match again and the ledger reposts it. The same
 // transfer found again in the same block (a rescan) keeps its flags: a
 // balance check's verdict is the block's, so it stands and the transfer
-// waits for no new one (a look-up's record had no verdict to keep).
+// waits for no new one (a look-up's record had no verdict to keep). A held
+// transfer stays held wherever it is mined again: only an operator places
+// it.
 const scannerConflict = `DO UPDATE SET
 			idx = EXCLUDED.idx, block_number = EXCLUDED.block_number, block_hash = EXCLUDED.block_hash,
 			block_time = EXCLUDED.block_time, asset = EXCLUDED.asset, asset_contract = EXCLUDED.asset_contract,
 			from_address = EXCLUDED.from_address, to_address = EXCLUDED.to_address, amount = EXCLUDED.amount,
 			flags = CASE WHEN transfers.block_hash = EXCLUDED.block_hash AND NOT transfers.provisional
-				THEN transfers.flags ELSE EXCLUDED.flags END,
+				THEN transfers.flags
+				WHEN '` + paywatch.FlagHeld + `' = ANY (transfers.flags) AND NOT ('` + paywatch.FlagHeld + `' = ANY (EXCLUDED.flags))
+				THEN EXCLUDED.flags || ARRAY['` + paywatch.FlagHeld + `']
+				ELSE EXCLUDED.flags END,
 			state = CASE WHEN transfers.state <> 'orphaned' AND transfers.block_hash = EXCLUDED.block_hash
 				THEN transfers.state
 				WHEN transfers.block_hash = EXCLUDED.block_hash AND NOT transfers.provisional
