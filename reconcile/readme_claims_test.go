@@ -717,3 +717,50 @@ func TestClaimsWaitingForABalanceCheckDoNotHoldBackNewerOnes(t *testing.T) {
 		t.Fatalf("%d claims pending after the pass, want the %d waiting for their balance checks", still, waiting)
 	}
 }
+
+// A payment two customers' claims contested (a's claim linked it, b's could
+// have) goes back to the inbox flagged ambiguous; mined again in another block after a reorg it stays so: a
+// third customer's claim, made once the contest is forgotten, takes
+// nothing.
+func TestContestedPaymentMinedAgainStaysAmbiguous(t *testing.T) {
+	e := newChainEnv(t)
+	ctx := context.Background()
+	e.sync()
+	a := e.order(10_000_000)
+	b := e.order(20_000_000)
+	third := e.order(30_000_000) // open from before the payment: a claim could take it
+	h := e.payOnChain(9_900_000) // 9.90 of a's 10.00: no exact match, in the inbox
+	e.sync()
+	for _, o := range []*paywatch.Order{a, b} {
+		if _, err := e.store.MarkPaid(ctx, o.ID, h.Hex(), "shop"); err != nil {
+			t.Fatal(err)
+		}
+		e.sync()
+	}
+	contested := e.transferOf(h.Hex())
+	if contested.Order != nil || !slices.Contains(contested.Flags, paywatch.FlagAmbiguous) {
+		t.Fatalf("setup: the contested payment is on order %s, flags %v; want in the inbox, flagged ambiguous", orderOf(contested), contested.Flags)
+	}
+	signed, _, err := e.chain.Client.TransactionByHash(ctx, h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.chain.Reorg(1, 1, false, nil)
+	e.sync()
+	if err := e.chain.Client.SendTransaction(ctx, signed); err != nil {
+		t.Fatal(err)
+	}
+	e.chain.Mine(3)
+	e.sync()
+	back := e.transferOf(h.Hex())
+	if back.State != string(paywatch.TransferConfirmed) || !slices.Contains(back.Flags, paywatch.FlagAmbiguous) {
+		t.Fatalf("the contested payment mined again is %s, flags %v; want confirmed and still flagged ambiguous", back.State, back.Flags)
+	}
+	if _, err := e.store.MarkPaid(ctx, third.ID, h.Hex(), "shop"); err != nil {
+		t.Fatal(err)
+	}
+	e.sync()
+	if got := e.transferOf(h.Hex()); got.Order != nil {
+		t.Fatalf("after a reorg a third customer's claim took the contested payment: on order %s", orderOf(got))
+	}
+}

@@ -363,18 +363,19 @@ func insertTransfers(ctx context.Context, tx *sqlx.Tx, network string, found []F
 // reconciler checks its match again and the ledger reposts it. The same
 // transfer found again in the same block (a rescan) keeps its flags: a
 // balance check's verdict is the block's, so it stands and the transfer
-// waits for no new one (a look-up's record had no verdict to keep). A held
-// transfer stays held wherever it is mined again: only an operator places
-// it.
+// waits for no new one (a look-up's record had no verdict to keep). The
+// flags that record a decision about the money rather than what the chain
+// shows (held, ambiguous) stay wherever it is mined again: only an
+// operator's attach places such a transfer.
 const scannerConflict = `DO UPDATE SET
 			idx = EXCLUDED.idx, block_number = EXCLUDED.block_number, block_hash = EXCLUDED.block_hash,
 			block_time = EXCLUDED.block_time, asset = EXCLUDED.asset, asset_contract = EXCLUDED.asset_contract,
 			from_address = EXCLUDED.from_address, to_address = EXCLUDED.to_address, amount = EXCLUDED.amount,
 			flags = CASE WHEN transfers.block_hash = EXCLUDED.block_hash AND NOT transfers.provisional
 				THEN transfers.flags
-				WHEN '` + paywatch.FlagHeld + `' = ANY (transfers.flags) AND NOT ('` + paywatch.FlagHeld + `' = ANY (EXCLUDED.flags))
-				THEN EXCLUDED.flags || ARRAY['` + paywatch.FlagHeld + `']
-				ELSE EXCLUDED.flags END,
+				ELSE EXCLUDED.flags || ARRAY(SELECT f FROM unnest(transfers.flags) AS f
+					WHERE f IN ('` + paywatch.FlagHeld + `', '` + paywatch.FlagAmbiguous + `') AND NOT f = ANY (EXCLUDED.flags))
+				END,
 			state = CASE WHEN transfers.state <> 'orphaned' AND transfers.block_hash = EXCLUDED.block_hash
 				THEN transfers.state
 				WHEN transfers.block_hash = EXCLUDED.block_hash AND NOT transfers.provisional
