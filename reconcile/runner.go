@@ -119,7 +119,7 @@ func (r *Runner) Run(ctx context.Context) error {
 		case <-r.nudge:
 		}
 		start := time.Now()
-		_, err := r.rec.Pass(ctx)
+		res, err := r.rec.Pass(ctx)
 		if ctx.Err() != nil {
 			continue
 		}
@@ -128,6 +128,8 @@ func (r *Runner) Run(ctx context.Context) error {
 		}
 		if err != nil {
 			r.log.Error("reconciler pass failed; retrying at the next tick", "err", err)
+			continue
 		}
+		r.log.Debug("reconciler pass", "result", res.String(), "took", time.Since(start).Round(time.Microsecond))
 	}
 }

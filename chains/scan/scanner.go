@@ -489,6 +489,8 @@ func (s *Scanner) commitBatch(ctx context.Context, cur *Block, orphanAbove *uint
 	if n := len(batch.Transfers); n > 0 {
 		s.Log.Info("transfers found", "from", from, "to", last.Number, "count", n)
 	}
+	s.Log.Debug("batch committed", "from", from, "to", last.Number, "head", head.Number, "transfers", len(batch.Transfers),
+		"took", time.Since(s.stepStart).Round(time.Microsecond))
 	if s.verifyWake != nil && last.Number >= head.Number {
 		// At the head, what was recorded is checked at once. During a
 		// catch-up the checks run at each poll interval instead, so that

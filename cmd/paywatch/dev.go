@@ -42,6 +42,9 @@ type devAsset struct {
 	Network  string `json:"network"`
 	Contract string `json:"contract,omitempty"` // empty for native coins
 	Decimals int32  `json:"decimals"`
+	// PerOrder: each order has an address of its own (else the orders
+	// share one, told apart by their amounts).
+	PerOrder bool `json:"per_order,omitempty"`
 }
 
 // devStatePath is where the running `paywatch dev` writes its state: in
@@ -180,7 +183,7 @@ func devCommand(ctx context.Context, e *env, args []string) error {
 		}
 		defer btc.Stop()
 		state.BitcoinFaucet, state.BitcoinFaucetToken = btc.FaucetURL, btc.token
-		state.Assets["BTC"] = devAsset{Network: "devbtc", Decimals: 8}
+		state.Assets["BTC"] = devAsset{Network: "devbtc", Decimals: 8, PerOrder: true}
 		vars["PAYWATCH_DEV_BTC_USER"], vars["PAYWATCH_DEV_BTC_PASS"] = btc.node.User, btc.node.Pass
 		// A published test key (BIP84 test vectors): development only.
 		btcNetwork = fmt.Sprintf(`  - name: devbtc

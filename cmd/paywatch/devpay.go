@@ -95,7 +95,7 @@ func devPayCommand(ctx context.Context, e *env, args []string) error {
 	if *noFollow {
 		return nil
 	}
-	return devFollow(ctx, e, st, id, order)
+	return devFollow(ctx, e, st, a, id, order)
 }
 
 // devSend sends units of an asset from the faucet.
@@ -138,7 +138,7 @@ func devSend(ctx context.Context, st devState, a devAsset, to common.Address, un
 
 // devFollow long-polls the order and prints each status it takes, until
 // one that no payment changes by itself (or a minute passes).
-func devFollow(ctx context.Context, e *env, st devState, id string, order map[string]any) error {
+func devFollow(ctx context.Context, e *env, st devState, a devAsset, id string, order map[string]any) error {
 	status, _ := order["status"].(string)
 	fmt.Fprintf(e.stdout, "order %s: %s", id, status)
 	defer fmt.Fprintln(e.stdout)
@@ -180,15 +180,27 @@ func devFollow(ctx context.Context, e *env, st devState, id string, order map[st
 		case "settled", "disputed", "expired", "cancelled", "refunded":
 			return nil
 		}
-		// Confirmed but not paid in full: the order waits for the rest
-		// until it expires.
-		conf, _ := o["confirmations"].(float64)
-		need, _ := o["required_confirmations"].(float64)
-		if received, _ := o["received_amount"].(string); received != "0" && received != o["pay_amount"] && need > 0 && conf >= need {
-			fmt.Fprintf(e.stdout, " (received %s of %v %v, confirmed; the rest may come until %v)",
-				received, o["pay_amount"], o["asset"], o["expires_at"])
+		// Confirmed but short, on an address of its own: the order waits
+		// for the rest until it expires. (On a shared address, where the
+		// amount tells the orders apart, the next pass disputes it.)
+		if a.PerOrder && confirmedShort(o, a) {
+			fmt.Fprintf(e.stdout, " (received %v of %v %v, confirmed; the rest may come until %v)",
+				o["received_amount"], o["pay_amount"], o["asset"], o["expires_at"])
 			return nil
 		}
 	}
 	return fmt.Errorf("order %s is still %s after a minute", id, status)
+}
+
+// confirmedShort reports whether the order's payments are confirmed and
+// come to less than its pay amount (more than nothing).
+func confirmedShort(o map[string]any, a devAsset) bool {
+	conf, _ := o["confirmations"].(float64)
+	need, _ := o["required_confirmations"].(float64)
+	received, _ := o["received_amount"].(string)
+	pay, _ := o["pay_amount"].(string)
+	asset, _ := o["asset"].(string)
+	r, err1 := paywatch.ParseUnits(received, a.Decimals, asset, nil)
+	p, err2 := paywatch.ParseUnits(pay, a.Decimals, asset, nil)
+	return err1 == nil && err2 == nil && r.Sign() > 0 && r.Cmp(p) < 0 && need > 0 && conf >= need
 }

@@ -22,38 +22,58 @@ const (
 // from the key with that gap limit would not find the next payments. It
 // runs until ctx ends.
 func watchGaps(ctx context.Context, log *slog.Logger, store *orders.Store, networks []*paywatch.Network) {
-	warned := map[string]time.Time{}
+	g := newGapWatch(log, store, networks)
 	for {
-		for _, n := range networks {
-			for _, a := range n.Assets {
-				if a.XPub == "" || a.GapLimit <= 0 {
-					continue
-				}
-				g, err := store.Gap(ctx, n.Name, a.XPub)
-				if err != nil {
-					if ctx.Err() == nil {
-						log.Warn("could not check the gap of unpaid addresses", "network", n.Name, "asset", a.Symbol, "err", err)
-					}
-					continue
-				}
-				key := n.Name + "/" + a.Symbol
-				if g.Unpaid < int64(a.GapLimit) {
-					delete(warned, key)
-					continue
-				}
-				if last, ok := warned[key]; ok && time.Since(last) < gapRewarn {
-					continue
-				}
-				warned[key] = time.Now()
-				log.Warn("unpaid derived addresses past the gap limit: a wallet restored from the key finds later payments only with a larger gap limit",
-					"network", n.Name, "asset", a.Symbol, "unpaid_run", g.Unpaid, "gap_limit", a.GapLimit,
-					"last_paid_index", g.LastPaid, "addresses_given", g.Given, "wallet_gap_limit_needed", g.Unpaid+1)
-			}
-		}
+		g.check(ctx)
 		select {
 		case <-ctx.Done():
 			return
 		case <-time.After(gapCheckInterval):
+		}
+	}
+}
+
+// gapWatch remembers when each key's run was last warned about.
+type gapWatch struct {
+	log      *slog.Logger
+	store    *orders.Store
+	networks []*paywatch.Network
+	now      func() time.Time
+	warned   map[string]time.Time
+}
+
+func newGapWatch(log *slog.Logger, store *orders.Store, networks []*paywatch.Network) *gapWatch {
+	return &gapWatch{log: log, store: store, networks: networks, now: time.Now, warned: map[string]time.Time{}}
+}
+
+// check reads every derived-address run once and warns about each one at
+// its gap limit, unless it was warned about less than gapRewarn ago.
+func (w *gapWatch) check(ctx context.Context) {
+	for _, n := range w.networks {
+		for _, a := range n.Assets {
+			if a.XPub == "" || a.GapLimit <= 0 {
+				continue
+			}
+			g, err := w.store.Gap(ctx, n.Name, a.XPub)
+			if err != nil {
+				if ctx.Err() == nil {
+					w.log.Warn("could not check the gap of unpaid addresses", "network", n.Name, "asset", a.Symbol, "err", err)
+				}
+				continue
+			}
+			key := n.Name + "/" + a.Symbol
+			if g.Unpaid < int64(a.GapLimit) {
+				delete(w.warned, key)
+				continue
+			}
+			now := w.now()
+			if last, ok := w.warned[key]; ok && now.Sub(last) < gapRewarn {
+				continue
+			}
+			w.warned[key] = now
+			w.log.Warn("unpaid derived addresses past the gap limit: a wallet restored from the key finds later payments only with a larger gap limit",
+				"network", n.Name, "asset", a.Symbol, "unpaid_run", g.Unpaid, "gap_limit", a.GapLimit,
+				"last_paid_index", g.LastPaid, "addresses_given", g.Given, "wallet_gap_limit_needed", g.Unpaid+1)
 		}
 	}
 }

@@ -32,11 +32,14 @@ type Metrics struct {
 	passFailures  prometheus.Counter
 	webhookTries  *prometheus.CounterVec
 	webhookTime   prometheus.Histogram
+
+	// state reads the gauges from the database.
+	state *state
 }
 
 // New registers every metric; state read at scrape time comes from db.
 func New(db *sqlx.DB, log *slog.Logger) *Metrics {
-	m := &Metrics{reg: prometheus.NewRegistry()}
+	m := &Metrics{reg: prometheus.NewRegistry(), state: &state{db: db, log: log, backlog: outbox.NewStore(db), now: time.Now}}
 	m.scanBatch = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "paywatch_scan_batch_seconds",
 		Help:    "Time to read and commit one batch of blocks.",
 		Buckets: prometheus.ExponentialBuckets(0.005, 2.5, 10)}, []string{"network"})
@@ -59,7 +62,7 @@ func New(db *sqlx.DB, log *slog.Logger) *Metrics {
 	m.reg.MustRegister(m.scanBatch, m.scanBlocks, m.transfersSeen, m.scanErrors, m.passDuration, m.passFailures,
 		m.webhookTries, m.webhookTime,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		&state{db: db, log: log, backlog: outbox.NewStore(db)})
+		m.state)
 	return m
 }
 
@@ -102,6 +105,7 @@ type state struct {
 	db      *sqlx.DB
 	log     *slog.Logger
 	backlog *outbox.Store
+	now     func() time.Time // the clock the cache's age is read on
 
 	mu     sync.Mutex
 	at     time.Time
@@ -132,7 +136,7 @@ func (s *state) Describe(ch chan<- *prometheus.Desc) {
 func (s *state) Collect(ch chan<- prometheus.Metric) {
 	s.mu.Lock() // one reader at a time; the others get its answer
 	defer s.mu.Unlock()
-	if time.Since(s.at) >= cacheFor {
+	if s.now().Sub(s.at) >= cacheFor {
 		buf := make(chan prometheus.Metric, 256)
 		go func() {
 			s.collect(buf)
@@ -142,7 +146,7 @@ func (s *state) Collect(ch chan<- prometheus.Metric) {
 		for m := range buf {
 			s.cached = append(s.cached, m)
 		}
-		s.at = time.Now()
+		s.at = s.now()
 	}
 	for _, m := range s.cached {
 		ch <- m
