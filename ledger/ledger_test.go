@@ -108,3 +108,43 @@ func TestAppendOnly(t *testing.T) {
 		}
 	}
 }
+
+// A sweep whose ref was used before moves nothing and says so: the caller
+// must never believe money moved when the entry was dropped as a
+// duplicate.
+func TestSweepUnderAUsedRefFails(t *testing.T) {
+	db := pgtest.New(t)
+	ctx := context.Background()
+	attribute := func(ref string, units int64) {
+		t.Helper()
+		if _, posted, err := post(t, db, ledger.Move(ledger.KindAttribution, ref, "eth", "USDT",
+			ledger.Suspense("eth", "USDT"), ledger.Order("ord_1"), big.NewInt(units))); err != nil || !posted {
+			t.Fatal(posted, err)
+		}
+	}
+	sweep := func() ([]ledger.Balance, error) {
+		t.Helper()
+		tx := db.MustBegin()
+		defer tx.Rollback()
+		moved, err := ledger.Sweep(ctx, tx, time.Now(), "ord_1", ledger.KindRefund, "ord_1@same", ledger.RefundsOwed)
+		if err != nil {
+			return nil, err
+		}
+		return moved, tx.Commit()
+	}
+	attribute("trf_1/ord_1", 400_000)
+	if moved, err := sweep(); err != nil || len(moved) != 1 || moved[0].Amount.Int64() != 400_000 {
+		t.Fatalf("first sweep: moved %+v, %v; want 400000 moved", moved, err)
+	}
+	attribute("trf_2/ord_1", 100_000)
+	if moved, err := sweep(); err == nil {
+		t.Fatalf("a second sweep under the same ref reported %+v moved; want an error", moved)
+	}
+	got, err := ledger.Balances(ctx, db, "order:")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || got[0].Amount.Int64() != 100_000 {
+		t.Fatalf("order balances %+v after the refused sweep, want 100000 still on the order", got)
+	}
+}

@@ -234,8 +234,15 @@ func Sweep(ctx context.Context, tx *sqlx.Tx, at time.Time, orderID, kind, ref st
 		}
 		e := Move(kind, ref+":"+b.Network+":"+b.Asset, b.Network, b.Asset, b.Account, to(b.Network, b.Asset), b.Amount)
 		e.OrderID = orderID
-		if _, _, err := Post(ctx, tx, at, e); err != nil {
+		_, posted, err := Post(ctx, tx, at, e)
+		if err != nil {
 			return nil, err
+		}
+		if !posted {
+			// The balance is there to move, yet an entry of that ref was
+			// written: a second sweep under one ref would leave the money
+			// where it is while its caller believes it moved.
+			return nil, fmt.Errorf("sweep %s/%s: an entry of that ref is already posted", e.Kind, e.Ref)
 		}
 		moved = append(moved, b)
 	}

@@ -60,21 +60,31 @@ const (
 	whyNotFound         = "no payment with this transaction hash was on the chain when the order's monitoring window ended"
 )
 
+// claimBudget is what a pass may still decide of claims: those whose
+// transaction is recorded, and those given up at their window's end.
+type claimBudget struct{ recorded, expired int }
+
+func newClaimBudget() claimBudget { return claimBudget{recorded: HintsPerPass, expired: HintsPerPass} }
+
 // followHints decides pending claims whose transaction has a live transfer
 // recorded: it links what they may link and rejects the rest. A claim whose
 // transfers a reorg orphaned stays pending: they may come back. It takes up
-// at most *budget of them, oldest first, and counts them off the budget: a
-// pass runs its steps in rounds, and its claims are HintsPerPass in all. It
-// returns the transfers linked and the claims decided.
-func (r *Reconciler) followHints(ctx context.Context, now time.Time, budget *int) (linked, decided int64, err error) {
+// what is left of budget, oldest first, and counts them off it: a pass runs
+// its steps in rounds, and its claims are HintsPerPass in all (and as many
+// given up at their window's end). It returns the transfers linked and the
+// claims decided.
+func (r *Reconciler) followHints(ctx context.Context, now time.Time, budget *claimBudget) (linked, decided int64, err error) {
 	// Claims whose order's window ended with nothing live recorded: given up.
 	var expired []string
-	if err := r.db.SelectContext(ctx, &expired, `SELECT o.id FROM orders o
-		WHERE o.hint_state = 'pending' AND o.monitor_until < $1
-			AND NOT EXISTS (SELECT 1 FROM transfers t WHERE t.network = o.network AND t.tx_hash = o.tx_hash_hint
-				AND t.state <> 'orphaned')
-		ORDER BY o.customer_marked_paid_at, o.id LIMIT $2`, now, HintsPerPass); err != nil {
-		return 0, 0, err
+	if budget.expired > 0 {
+		if err := r.db.SelectContext(ctx, &expired, `SELECT o.id FROM orders o
+			WHERE o.hint_state = 'pending' AND o.monitor_until < $1
+				AND NOT EXISTS (SELECT 1 FROM transfers t WHERE t.network = o.network AND t.tx_hash = o.tx_hash_hint
+					AND t.state <> 'orphaned')
+			ORDER BY o.customer_marked_paid_at, o.id LIMIT $2`, now, budget.expired); err != nil {
+			return 0, 0, err
+		}
+		budget.expired -= len(expired)
 	}
 	for _, id := range expired {
 		if err := r.Sealer.SealTx(ctx, r.db, func(tx *sqlx.Tx) error {
@@ -92,7 +102,7 @@ func (r *Reconciler) followHints(ctx context.Context, now time.Time, budget *int
 	// anyway (for its order's creation height, or for the balance check of
 	// one of its transfers: followHint) is left out, so that claims waiting
 	// long never take up the pass's budget.
-	if *budget <= 0 {
+	if budget.recorded <= 0 {
 		return linked, decided, nil
 	}
 	var pending []string
@@ -102,10 +112,10 @@ func (r *Reconciler) followHints(ctx context.Context, now time.Time, budget *int
 				AND t.state <> 'orphaned')
 			AND NOT EXISTS (SELECT 1 FROM transfers t WHERE t.network = o.network AND t.tx_hash = o.tx_hash_hint
 				AND t.state <> 'orphaned' AND '`+paywatch.FlagBalancePending+`' = ANY (t.flags))
-		ORDER BY o.customer_marked_paid_at, o.id LIMIT $1`, *budget); err != nil {
+		ORDER BY o.customer_marked_paid_at, o.id LIMIT $1`, budget.recorded); err != nil {
 		return linked, decided, err
 	}
-	*budget -= len(pending)
+	budget.recorded -= len(pending)
 	for _, id := range pending {
 		var n int64
 		var done bool

@@ -764,3 +764,25 @@ func TestContestedPaymentMinedAgainStaysAmbiguous(t *testing.T) {
 		t.Fatalf("after a reorg a third customer's claim took the contested payment: on order %s", orderOf(got))
 	}
 }
+
+// Claims given up at the end of their order's window (nothing recorded for
+// their hash) are decided at most HintsPerPass a pass too, not that many a
+// round: a flood of "I've paid" with random hashes costs a bounded pass.
+func TestAPassGivesUpAtMost200ClaimsAtTheirWindowsEnd(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	const n = reconcile.HintsPerPass + 50
+	for i := 0; i < n; i++ {
+		o := f.order(usdt, int64(1_000_000+i*10_000))
+		if _, err := f.store.MarkPaid(ctx, o.ID, hash(f, "never-mined"), "shop"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.clock.Advance(expires + window + time.Minute) // every window has ended
+	if res := f.pass(); res.Claims != reconcile.HintsPerPass {
+		t.Fatalf("one pass gave up %d claims at their window's end; want %d", res.Claims, reconcile.HintsPerPass)
+	}
+	if res := f.pass(); res.Claims != n-reconcile.HintsPerPass {
+		t.Fatalf("the next pass gave up %d claims; want the %d left", res.Claims, n-reconcile.HintsPerPass)
+	}
+}

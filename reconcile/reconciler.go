@@ -95,7 +95,7 @@ func (r *Reconciler) now() time.Time { return r.Now().UTC().Truncate(time.Micros
 func (r *Reconciler) Pass(ctx context.Context) (Result, error) {
 	now := r.now()
 	var total Result
-	claims := HintsPerPass // the claims of recorded transactions this pass may still take up
+	claims := newClaimBudget() // the claims this pass may still decide
 	for round := 0; round < maxRounds; round++ {
 		res, err := r.round(ctx, now, &claims)
 		total.Matched += res.Matched
@@ -123,7 +123,7 @@ const maxRounds = 4
 
 // round runs each step of a pass once; claims is what is left of the
 // pass's budget of claims (followHints).
-func (r *Reconciler) round(ctx context.Context, now time.Time, claims *int) (Result, error) {
+func (r *Reconciler) round(ctx context.Context, now time.Time, claims *claimBudget) (Result, error) {
 	var res Result
 	var err error
 	if res.Mempool, err = r.mempool(ctx, now); err != nil {

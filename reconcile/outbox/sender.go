@@ -127,20 +127,47 @@ func (s *Sender) Run(ctx context.Context) error {
 	// announced, due events of other orders take the free places, so that
 	// a receiver slow on one order holds up that order's events alone.
 	parallel := max(s.Parallel, 1)
+	type outcome struct {
+		order    string
+		recorded bool
+	}
 	var (
 		queue    []event             // due, not yet started
 		busy     = map[string]bool{} // orders with an event queued or in flight
 		inFlight int
-		finished = make(chan string, parallel) // never full: one send per attempt in flight
+		finished = make(chan outcome, parallel) // never full: one send per attempt in flight
 		wg       sync.WaitGroup
+		// cooling holds the orders whose last attempt could not be
+		// recorded (the database refused the write): the event is still
+		// due, and is not posted again before the time given.
+		cooling = map[string]time.Time{}
+		// housekept is when the sealing and giving up last ran: at most
+		// once per poll interval, not after every attempt.
+		housekept time.Time
 	)
 	defer wg.Wait() // an attempt ends before Run returns (and the lease goes)
 	fetch := true
 	for {
 		if fetch && len(queue) == 0 && inFlight < parallel {
-			due, err := s.due(ctx, s.now(), busyOrders(busy))
+			now := time.Now()
+			skip := make([]string, 0, len(busy)+len(cooling))
+			for id := range busy {
+				skip = append(skip, id)
+			}
+			for id, until := range cooling {
+				if now.Before(until) {
+					skip = append(skip, id)
+				} else {
+					delete(cooling, id)
+				}
+			}
+			housekeep := now.Sub(housekept) >= pollInterval
+			due, err := s.due(ctx, s.now(), skip, housekeep)
 			if err != nil && ctx.Err() == nil {
 				s.log.Warn("webhook round failed; retrying", "err", err)
+			}
+			if err == nil && housekeep {
+				housekept = now
 			}
 			for _, e := range due {
 				busy[e.OrderID] = true
@@ -153,10 +180,11 @@ func (s *Sender) Run(ctx context.Context) error {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				if err := s.deliver(ctx, e); err != nil && ctx.Err() == nil {
+				err := s.deliver(ctx, e)
+				if err != nil && ctx.Err() == nil {
 					s.log.Warn("webhook delivery failed; retrying", "err", err)
 				}
-				finished <- e.OrderID
+				finished <- outcome{order: e.OrderID, recorded: err == nil}
 			}()
 		}
 		if fetch && len(queue) == 0 && inFlight < parallel {
@@ -165,9 +193,12 @@ func (s *Sender) Run(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case order := <-finished:
+		case o := <-finished:
 			inFlight--
-			delete(busy, order)
+			delete(busy, o.order)
+			if !o.recorded {
+				cooling[o.order] = time.Now().Add(pollInterval)
+			}
 			fetch = true // the order's next event may be due now
 		case <-wake:
 			fetch = true
@@ -175,14 +206,6 @@ func (s *Sender) Run(ctx context.Context) error {
 			fetch = true
 		}
 	}
-}
-
-func busyOrders(busy map[string]bool) []string {
-	ids := make([]string, 0, len(busy))
-	for id := range busy {
-		ids = append(ids, id)
-	}
-	return ids
 }
 
 type event struct {
@@ -199,7 +222,7 @@ type event struct {
 // too), and sends one batch of due events, Parallel at a time, waiting for
 // them all. It returns how many it attempted.
 func (s *Sender) Round(ctx context.Context) (int, error) {
-	due, err := s.due(ctx, s.now(), nil)
+	due, err := s.due(ctx, s.now(), nil, true)
 	if err != nil {
 		return 0, err
 	}
@@ -219,14 +242,41 @@ func (s *Sender) Round(ctx context.Context) (int, error) {
 	return len(due), errors.Join(errs...)
 }
 
-// due seals what is unsealed, gives up on events past their retry age, and
-// returns up to a batch of due events. The orders in busy have an event on
-// its way: none of theirs is returned or given up (the attempt in flight
-// records its own outcome).
-func (s *Sender) due(ctx context.Context, now time.Time, busy []string) ([]event, error) {
+// due returns up to a batch of due events; with housekeep it first seals
+// what is unsealed and gives up on events past their retry age. The orders
+// in busy have an event on its way (or wait after a failure to record
+// one): none of theirs is returned or given up (the attempt in flight
+// records its own outcome). An event past its retry age is never returned,
+// given up or not yet.
+func (s *Sender) due(ctx context.Context, now time.Time, busy []string, housekeep bool) ([]event, error) {
 	if busy == nil {
 		busy = []string{} // not NULL: no order is busy
 	}
+	if housekeep {
+		if err := s.housekeep(ctx, now, busy); err != nil {
+			return nil, err
+		}
+	}
+	// The earliest pending event of each order, if due: an order's events
+	// leave in the order they were written.
+	var due []event
+	if err := s.db.SelectContext(ctx, &due, `SELECT o.id, o.order_id, o.type, o.body, o.attempts, o.generation
+		FROM webhook_outbox o
+		WHERE o.status = 'pending' AND o.next_attempt_at <= $1 AND o.body IS NOT NULL
+			AND NOT EXISTS (SELECT 1 FROM webhook_outbox p
+				WHERE p.order_id = o.order_id AND p.status = 'pending' AND p.seq < o.seq)
+			AND o.order_id <> ALL ($3::text[])
+			AND coalesce(o.retry_from, o.created_at) + $4::float8 * interval '1 microsecond' >= $1
+		ORDER BY o.next_attempt_at, o.seq LIMIT $2`, now, batchSize, pq.Array(busy), s.MaxRetryAge.Microseconds()); err != nil {
+		return nil, fmt.Errorf("read due webhook events: %w", err)
+	}
+	return due, nil
+}
+
+// housekeep seals what is unsealed and gives up on events past their retry
+// age (one that waited behind an earlier event of its order all that time
+// too), except those of the orders in busy.
+func (s *Sender) housekeep(ctx context.Context, now time.Time, busy []string) error {
 	if s.Sealer != nil {
 		var sealed int
 		err := pg.Tx(ctx, s.db, func(tx *sqlx.Tx) error {
@@ -235,7 +285,7 @@ func (s *Sender) due(ctx context.Context, now time.Time, busy []string) ([]event
 			return err
 		})
 		if err != nil {
-			return nil, err
+			return err
 		}
 		if sealed > 0 {
 			s.log.Warn("webhook events were written without a body; sealed with their orders as they are now", "events", sealed)
@@ -247,21 +297,9 @@ func (s *Sender) due(ctx context.Context, now time.Time, busy []string) ([]event
 		WHERE status = 'pending' AND coalesce(retry_from, created_at) + $2::float8 * interval '1 microsecond' < $1
 			AND order_id <> ALL ($3::text[])`,
 		now, s.MaxRetryAge.Microseconds(), pq.Array(busy)); err != nil {
-		return nil, fmt.Errorf("give up on old webhook events: %w", err)
+		return fmt.Errorf("give up on old webhook events: %w", err)
 	}
-	// The earliest pending event of each order, if due: an order's events
-	// leave in the order they were written.
-	var due []event
-	if err := s.db.SelectContext(ctx, &due, `SELECT o.id, o.order_id, o.type, o.body, o.attempts, o.generation
-		FROM webhook_outbox o
-		WHERE o.status = 'pending' AND o.next_attempt_at <= $1 AND o.body IS NOT NULL
-			AND NOT EXISTS (SELECT 1 FROM webhook_outbox p
-				WHERE p.order_id = o.order_id AND p.status = 'pending' AND p.seq < o.seq)
-			AND o.order_id <> ALL ($3::text[])
-		ORDER BY o.next_attempt_at, o.seq LIMIT $2`, now, batchSize, pq.Array(busy)); err != nil {
-		return nil, fmt.Errorf("read due webhook events: %w", err)
-	}
-	return due, nil
+	return nil
 }
 
 // attempt is the outcome of one POST.

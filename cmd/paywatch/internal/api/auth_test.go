@@ -5,6 +5,8 @@ import (
 	"crypto/subtle"
 	"io"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"reflect"
 	"strings"
 	"testing"
@@ -177,6 +179,45 @@ func TestAPIKeysAreComparedInConstantTimeWithEveryKey(t *testing.T) {
 		if calls != len(cfg.APIKeys) {
 			t.Fatalf("lookup of %q (key %q) compared %d of the %d keys: it stops early, so its time tells which key matched",
 				c.presented, c.want, calls, len(cfg.APIKeys))
+		}
+	}
+}
+
+// New takes the plain keys out of the configuration it is given: a second
+// New on the same configuration authorizes nobody (it fails closed, never
+// open: no empty key is taken for one), and the first keeps its keys.
+func TestSecondNewOnTheSameConfigFailsClosed(t *testing.T) {
+	cfg, err := config.Parse([]byte(authConfig), authEnv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	first := New(cfg, Deps{}, log)
+	second := New(cfg, Deps{}, log)
+	if len(second.keys.keys) != 0 {
+		t.Fatalf("a second New on the same configuration holds %d keys, want none", len(second.keys.keys))
+	}
+	for _, tok := range []string{"", " ", authKeys["OP_KEY"], authKeys["SF_KEY"]} {
+		if second.keys.lookup(tok) != nil {
+			t.Fatalf("the second server accepts the key %q", tok)
+		}
+	}
+	if first.keys.lookup(authKeys["OP_KEY"]) == nil {
+		t.Fatal("the first server lost its keys")
+	}
+	h := second.authorize(config.RoleOperator, func(w http.ResponseWriter, r *http.Request, _ *config.APIKey) error {
+		t.Fatal("a request reached the handler of a server with no keys")
+		return nil
+	})
+	for _, hdr := range []string{"", "Bearer ", "Bearer  ", "Bearer " + authKeys["OP_KEY"]} {
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest("GET", "/", nil)
+		if hdr != "" {
+			req.Header.Set("Authorization", hdr)
+		}
+		h.ServeHTTP(rec, req)
+		if rec.Code != http.StatusUnauthorized {
+			t.Fatalf("Authorization %q: %d, want 401", hdr, rec.Code)
 		}
 	}
 }
