@@ -518,11 +518,10 @@ func (e *env) checkKept(window uint64) {
 	}
 }
 
-// "The hashes of the blocks within a window of the head (128 blocks, or
-// twice the confirmations) are kept." The window is 128 blocks, or
-// 2 × confirmations + 2 when that is more; the hashes of its blocks are
-// kept, with the block below it (where a reorg replacing the whole window
-// forks), after a catch-up as block by block.
+// "The hashes of the last 128 blocks (or of the last 2 × confirmations + 2,
+// when that is more) are kept, with the block just below them" (where a
+// reorg replacing the whole window forks), after a catch-up as block by
+// block.
 func TestBlockHashesKeptForTheWindowOfTheHead(t *testing.T) {
 	for _, c := range []struct {
 		confirmations int
