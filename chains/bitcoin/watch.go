@@ -37,6 +37,9 @@ type WatchSet struct {
 	params    *chaincfg.Params
 	given     Given
 	Lookahead uint32
+	// Page is how many handed-out addresses one read of Given brings
+	// (50,000 from NewWatchSet).
+	Page int
 
 	// refresh lets one Refresh run at a time (the scanner's and the
 	// mempool watcher's): the second finds the first's work done.
@@ -62,7 +65,7 @@ func NewWatchSet(chain string, shared []string, derivers map[string]*Deriver, gi
 	if err != nil {
 		return nil, err
 	}
-	w := &WatchSet{params: params, given: given, Lookahead: DefaultLookahead, scripts: map[string]struct{}{}}
+	w := &WatchSet{params: params, given: given, Lookahead: DefaultLookahead, Page: givenPage, scripts: map[string]struct{}{}}
 	for _, a := range shared {
 		if err := w.add(a); err != nil {
 			return nil, err
@@ -113,11 +116,15 @@ func (w *WatchSet) refreshKey(ctx context.Context, k *keyWatch) (bool, error) {
 	w.mu.RLock()
 	from := k.loaded
 	w.mu.RUnlock()
+	page := w.Page
+	if page <= 0 {
+		page = givenPage
+	}
 	var addrs []string
 	var next uint32
 	if w.given != nil {
 		var err error
-		if addrs, next, err = w.given.Given(ctx, k.xpub, from, givenPage); err != nil {
+		if addrs, next, err = w.given.Given(ctx, k.xpub, from, page); err != nil {
 			return false, fmt.Errorf("read the addresses of %s…: %w", k.xpub[:12], err)
 		}
 	}
@@ -131,7 +138,7 @@ func (w *WatchSet) refreshKey(ctx context.Context, k *keyWatch) (bool, error) {
 	k.loaded = from + uint32(len(addrs))
 	k.next = max(next, k.loaded)
 	k.derived = max(k.derived, k.loaded)
-	if len(addrs) == givenPage {
+	if len(addrs) == page {
 		return true, nil // derive ahead once every page is read
 	}
 	for k.derived < k.next+w.Lookahead {

@@ -50,8 +50,8 @@ type catchUp struct {
 }
 
 const (
-	// catchUpBehind is how far behind the head a scanner must be for its
-	// progress to be logged.
+	// catchUpBehind is how far behind the head a scanner may be without
+	// its progress being logged: more than that, it is.
 	catchUpBehind   = 1000
 	catchUpLogEvery = 10 * time.Second
 )
@@ -60,7 +60,7 @@ func (s *Scanner) logProgress(now time.Time, last, head uint64) {
 	c := &s.progress
 	behind := head - min(head, last)
 	if !c.active {
-		if behind < catchUpBehind {
+		if behind <= catchUpBehind {
 			return
 		}
 		*c = catchUp{active: true, startAt: now, startBlock: last, lastLog: now}
