@@ -91,7 +91,7 @@ var Lifecycle = []Transition{
 	{StatusDisputed, StatusConfirming, ActorReconciler, nil,
 		"after a reorg, a part payment to the order's own address before expiry waits for a top-up"},
 	{StatusSettled, StatusConfirming, ActorReconciler, nil,
-		"a reorg moved a payment below its confirmations, or back to the mempool (the settlement is reversed)"},
+		"a reorg moved a payment below its confirmations, or back to the mempool while its sighting was still open (the settlement is reversed)"},
 	{StatusSettled, StatusDisputed, ActorReconciler, redecided,
 		"a reorg took the payment, or part of it, away, or gave back a replaced one (the settlement is reversed)"},
 	{StatusDisputed, StatusSettled, ActorOperator, nil, "an operator resolves, with a note"},

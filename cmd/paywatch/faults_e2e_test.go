@@ -11,6 +11,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"regexp"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -223,10 +224,11 @@ var faultDBDown = flag.Duration("faults.dbdown", 5*time.Second, "how long TestDa
 
 // PostgreSQL (a throwaway cluster this test starts, never the shared
 // server) stops while orders are created and payments arrive. The daemon
-// keeps running: /readyz says it is not ready, creations answer 503 and
-// write nothing, and once the server is back the daemon reconnects by
-// itself, finds the payments made meanwhile, settles them once, and is
-// ready again.
+// keeps running: /readyz says it is not ready (503), creations answer 500
+// internal (without detail) and write nothing, /metrics says
+// paywatch_database_up 0; once the server is back the daemon reconnects by
+// itself, is ready again within a second, says paywatch_database_up 1, and
+// finds the payments made meanwhile and settles them once.
 func TestDatabaseDown(t *testing.T) {
 	pg, err := startLocalPostgres(t.Context(), slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
@@ -269,12 +271,18 @@ func TestDatabaseDown(t *testing.T) {
 	pay(orders[2])
 	chain.Mine(3)
 	failed := 0
+	// The first scrape reads the gauges (no scrape came before): they are
+	// then served from the cache for up to 10 s.
+	sawDown := false
 	for time.Since(down) < *faultDBDown {
 		if code, _ := d.call("GET", "/readyz", "", ""); code != 503 {
 			t.Fatalf("readyz %d with the database down", code)
 		}
-		if code, o := create(fmt.Sprintf("during-%d", failed)); code < 500 {
-			t.Fatalf("create with the database down: %d %v", code, o)
+		if code, o := create(fmt.Sprintf("during-%d", failed)); code != 500 || fmt.Sprint(o["error"]) != "map[code:internal message:internal error]" {
+			t.Fatalf("create with the database down: %d %v, want 500 {\"error\": {\"code\": \"internal\", \"message\": \"internal error\"}}", code, o)
+		}
+		if strings.Contains(apMetrics(t, d.url), "\npaywatch_database_up 0\n") {
+			sawDown = true
 		}
 		failed++
 		select {
@@ -282,6 +290,10 @@ func TestDatabaseDown(t *testing.T) {
 			t.Fatalf("the daemon exited while the database was down: %v\n%s", err, d.logText())
 		case <-time.After(200 * time.Millisecond):
 		}
+	}
+	if !sawDown {
+		t.Fatalf("/metrics never said paywatch_database_up 0 while the database was down; now it says %q",
+			regexp.MustCompile(`(?m)^paywatch_database_up .*$`).FindString(apMetrics(t, d.url)))
 	}
 	if err := pg.start(t.Context()); err != nil {
 		t.Fatal(err)
@@ -292,6 +304,9 @@ func TestDatabaseDown(t *testing.T) {
 		return code == 200
 	})
 	ready := time.Since(back)
+	if ready > time.Second {
+		t.Fatalf("the daemon was ready again %s after the database came back, want within a second", ready.Round(time.Millisecond))
+	}
 	waitUntil(t, 60*time.Second, "the payments made meanwhile to settle", func() bool {
 		for _, o := range orders {
 			if _, got := d.call("GET", "/v1/orders/"+o["id"].(string), e2eStorefrontKey, ""); got["status"] != "settled" {
@@ -301,6 +316,10 @@ func TestDatabaseDown(t *testing.T) {
 		return true
 	})
 	settled := time.Since(back)
+	// The gauges are read again once the cached ones are 10 s old.
+	waitUntil(t, 15*time.Second, "/metrics to say paywatch_database_up 1", func() bool {
+		return strings.Contains(apMetrics(t, d.url), "\npaywatch_database_up 1\n")
+	})
 	db, err := migrations.Open(t.Context(), pg.URL)
 	if err != nil {
 		t.Fatal(err)
