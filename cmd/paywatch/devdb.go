@@ -36,20 +36,24 @@ func serverAnswers(ctx context.Context, dsn string) bool {
 	return err == nil || (errors.As(err, &pqErr) && pqErr.SQLState() == "3D000")
 }
 
+// postgresBinDirs is where PostgreSQL's server programs are looked for
+// when PATH has none (Debian's and Ubuntu's packages put them there).
+var postgresBinDirs = "/usr/lib/postgresql/*/bin"
+
 // postgresBin finds a PostgreSQL server program: on PATH, else in the
-// newest /usr/lib/postgresql/*/bin.
+// newest of postgresBinDirs.
 func postgresBin(name string) (string, error) {
 	if p, err := exec.LookPath(name); err == nil {
 		return p, nil
 	}
-	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
+	dirs, _ := filepath.Glob(postgresBinDirs)
 	sort.Slice(dirs, func(i, j int) bool { return version(dirs[i]) > version(dirs[j]) })
 	for _, d := range dirs {
 		if p := filepath.Join(d, name); fileExists(p) {
 			return p, nil
 		}
 	}
-	return "", fmt.Errorf("%s not found on PATH or in /usr/lib/postgresql/*/bin: install PostgreSQL's server package, or set PAYWATCH_DATABASE_URL", name)
+	return "", fmt.Errorf("%s not found on PATH or in %s: install PostgreSQL's server package, or set PAYWATCH_DATABASE_URL", name, postgresBinDirs)
 }
 
 func version(binDir string) int {

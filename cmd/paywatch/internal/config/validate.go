@@ -188,8 +188,11 @@ func (v *validator) network(i int, r *rawNetwork) *paywatch.Network {
 	if r.Name != "" {
 		where = fmt.Sprintf("networks[%d] %q (line %d)", i, r.Name, r.line)
 	}
-	if !namePattern.MatchString(r.Name) {
-		v.fail(where, "name %q must be lowercase letters, digits and dashes", r.Name)
+	switch {
+	case r.Name == "":
+		v.fail(where, "name is required")
+	case !namePattern.MatchString(r.Name):
+		v.fail(where, "name %q must be lowercase letters, digits and dashes (at most 63 characters, not starting with a dash)", r.Name)
 	}
 	n := &paywatch.Network{
 		Name:         r.Name,
