@@ -67,6 +67,12 @@ func (s *Scanner) logProgress(now time.Time, last, head uint64) {
 		s.Log.Info("catching up", "cursor", last, "head", head, "remaining", behind)
 		return
 	}
+	if last < c.startBlock {
+		// Rewound below where the catch-up began (a reorg, a rescan):
+		// count from here.
+		c.startAt, c.startBlock, c.lastLog = now, last, now
+		return
+	}
 	if behind == 0 {
 		c.active = false
 		s.Log.Info("caught up", "head", head, "blocks", last-c.startBlock, "took", now.Sub(c.startAt).Round(time.Second))

@@ -40,6 +40,21 @@ func TestCatchUpProgressLogs(t *testing.T) {
 	}
 }
 
+// A rewind below where a catch-up began (a reorg, a rescan) restarts its
+// count: the rate logged is never a wrapped-around figure.
+func TestCatchUpProgressAfterARewind(t *testing.T) {
+	var buf bytes.Buffer
+	s := &Scanner{Log: slog.New(slog.NewTextHandler(&buf, nil))}
+	t0 := time.Unix(1_800_000_000, 0)
+	s.logProgress(t0, 50_000, 100_000)
+	s.logProgress(t0.Add(10*time.Second), 40_000, 100_000) // rewound
+	s.logProgress(t0.Add(20*time.Second), 50_000, 100_000)
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	if len(lines) != 2 || !strings.Contains(lines[1], "blocks_per_second=1000 ") {
+		t.Fatalf("after a rewind the progress says:\n%s\nwant 10,000 blocks in the 10 s since the rewind: blocks_per_second=1000", buf.String())
+	}
+}
+
 func TestErrorKind(t *testing.T) {
 	for err, want := range map[error]string{
 		context.DeadlineExceeded:                 "timeout",

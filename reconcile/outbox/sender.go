@@ -139,8 +139,11 @@ func (s *Sender) Run(ctx context.Context) error {
 		wg       sync.WaitGroup
 		// cooling holds the orders whose last attempt could not be
 		// recorded (the database refused the write): the event is still
-		// due, and is not posted again before the time given.
-		cooling = map[string]time.Time{}
+		// due, and is not posted again before the time given, a poll
+		// interval after the first such failure, doubling with each
+		// failure in a row up to a minute (unrecorded counts them).
+		cooling    = map[string]time.Time{}
+		unrecorded = map[string]int{}
 		// housekept is when the sealing and giving up last ran: at most
 		// once per poll interval, not after every attempt.
 		housekept time.Time
@@ -166,8 +169,8 @@ func (s *Sender) Run(ctx context.Context) error {
 			if err != nil && ctx.Err() == nil {
 				s.log.Warn("webhook round failed; retrying", "err", err)
 			}
-			if err == nil && housekeep {
-				housekept = now
+			if housekeep {
+				housekept = now // tried: at most once per poll interval, failing or not
 			}
 			for _, e := range due {
 				busy[e.OrderID] = true
@@ -196,8 +199,11 @@ func (s *Sender) Run(ctx context.Context) error {
 		case o := <-finished:
 			inFlight--
 			delete(busy, o.order)
-			if !o.recorded {
-				cooling[o.order] = time.Now().Add(pollInterval)
+			if o.recorded {
+				delete(unrecorded, o.order)
+			} else {
+				unrecorded[o.order]++
+				cooling[o.order] = time.Now().Add(coolingDelay(unrecorded[o.order]))
 			}
 			fetch = true // the order's next event may be due now
 		case <-wake:
@@ -206,6 +212,17 @@ func (s *Sender) Run(ctx context.Context) error {
 			fetch = true
 		}
 	}
+}
+
+// coolingDelay is how long an order waits after its n-th attempt in a
+// row that could not be recorded: a poll interval, doubling up to a
+// minute.
+func coolingDelay(n int) time.Duration {
+	d := pollInterval
+	for i := 1; i < n && d < time.Minute; i++ {
+		d *= 2
+	}
+	return min(d, time.Minute)
 }
 
 type event struct {
@@ -223,13 +240,13 @@ type event struct {
 // them all. It returns how many it attempted.
 func (s *Sender) Round(ctx context.Context) (int, error) {
 	due, err := s.due(ctx, s.now(), nil, true)
-	if err != nil {
+	if err != nil && len(due) == 0 {
 		return 0, err
 	}
 	parallel := max(s.Parallel, 1)
 	sem := make(chan struct{}, parallel)
 	var wg sync.WaitGroup
-	errs := make([]error, len(due))
+	errs := make([]error, len(due), len(due)+1)
 	for i, e := range due {
 		sem <- struct{}{}
 		wg.Add(1)
@@ -239,7 +256,7 @@ func (s *Sender) Round(ctx context.Context) (int, error) {
 		}()
 	}
 	wg.Wait()
-	return len(due), errors.Join(errs...)
+	return len(due), errors.Join(append(errs, err)...)
 }
 
 // due returns up to a batch of due events; with housekeep it first seals
@@ -252,10 +269,11 @@ func (s *Sender) due(ctx context.Context, now time.Time, busy []string, housekee
 	if busy == nil {
 		busy = []string{} // not NULL: no order is busy
 	}
+	var hkErr error
 	if housekeep {
-		if err := s.housekeep(ctx, now, busy); err != nil {
-			return nil, err
-		}
+		// A failure here (one order's event that cannot be sealed, say)
+		// is reported, and the due events still leave.
+		hkErr = s.housekeep(ctx, now, busy)
 	}
 	// The earliest pending event of each order, if due: an order's events
 	// leave in the order they were written.
@@ -268,9 +286,9 @@ func (s *Sender) due(ctx context.Context, now time.Time, busy []string, housekee
 			AND o.order_id <> ALL ($3::text[])
 			AND coalesce(o.retry_from, o.created_at) + $4::float8 * interval '1 microsecond' >= $1
 		ORDER BY o.next_attempt_at, o.seq LIMIT $2`, now, batchSize, pq.Array(busy), s.MaxRetryAge.Microseconds()); err != nil {
-		return nil, fmt.Errorf("read due webhook events: %w", err)
+		return nil, errors.Join(hkErr, fmt.Errorf("read due webhook events: %w", err))
 	}
-	return due, nil
+	return due, hkErr
 }
 
 // housekeep seals what is unsealed and gives up on events past their retry
