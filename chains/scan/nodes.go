@@ -23,8 +23,10 @@ type Nodes[E any] struct {
 	Endpoints []E
 	// CallTimeout bounds each attempt; DefaultCallTimeout when zero.
 	CallTimeout time.Duration
-	// Check runs once per endpoint before its first call (for example:
-	// is the node on the configured chain?).
+	// Check runs once per endpoint, beside its first call (for example:
+	// is the node on the configured chain?). That call's answer counts only
+	// if the check passes: the check costs no round trip of its own, and a
+	// node that fails it answers nothing.
 	Check func(ctx context.Context, e E) error
 	// Final reports errors that another node would answer the same way
 	// (the request itself is refused): they are not retried elsewhere.
@@ -86,13 +88,17 @@ func (n *Nodes[E]) attempt(ctx context.Context, idx int, fn func(ctx context.Con
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	e := n.Endpoints[idx]
-	if n.Check != nil && !n.checked[idx].Load() {
-		if err := n.Check(ctx, e); err != nil {
-			return err
-		}
-		n.checked[idx].Store(true)
+	if n.Check == nil || n.checked[idx].Load() {
+		return fn(ctx, e)
 	}
-	return fn(ctx, e)
+	checked := make(chan error, 1)
+	go func() { checked <- n.Check(ctx, e) }()
+	err := fn(ctx, e)
+	if cerr := <-checked; cerr != nil {
+		return cerr // whatever fn read came from a node not known to be on the chain
+	}
+	n.checked[idx].Store(true)
+	return err
 }
 
 // LagCheckInterval is how often PreferAhead compares the nodes' heads.
