@@ -856,3 +856,36 @@ func TestHeldOrAmbiguousPaymentOfAnOrdersExactAmountNeverPaysIt(t *testing.T) {
 		})
 	}
 }
+
+// README: "the candidates that hold no payment yet are disputed `ambiguous`
+// (one already disputed keeps its reason)". A candidate disputed
+// no_payment_found stays so when a payment with two candidates comes; the
+// other, awaiting payment, is disputed ambiguous; the payment pays neither.
+func TestAmbiguousTransferLeavesADisputedCandidateItsReason(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	disputed := f.orderExpiring(usdt, 7_000_000, grace+time.Hour)
+	if _, err := f.store.MarkPaid(ctx, disputed.ID, "", "shop"); err != nil {
+		t.Fatal(err)
+	}
+	f.clock.Advance(grace + time.Minute)
+	f.pass()
+	f.expect(disputed, paywatch.StatusDisputed, paywatch.ReasonNoPaymentFound)
+	waiting := f.order(usdt, 6_999_999)
+	// Both ask for the same amount now, as a misconfiguration could make
+	// them.
+	pgtest.Exec(t, f.db, `UPDATE orders SET pay_amount = $2 WHERE id = $1`, waiting.ID, disputed.PayAmount.Int64())
+	pgtest.Exec(t, f.db, `DELETE FROM amount_slots`)
+	p := f.pay(payment{asset: usdt, to: shop, amount: disputed.PayAmount.Int64()})
+	f.pass()
+	if got, flags := f.transferOrder(p), amFlags(f, p); got != "" || !slices.Equal(flags, []string{paywatch.FlagAmbiguous}) {
+		t.Fatalf("the payment with two candidates is on order %q, flags %v; want in the inbox, flagged ambiguous", got, flags)
+	}
+	f.expect(waiting, paywatch.StatusDisputed, paywatch.ReasonAmbiguous)
+	f.expect(disputed, paywatch.StatusDisputed, paywatch.ReasonNoPaymentFound)
+	for _, o := range []*paywatch.Order{disputed, waiting} {
+		if err := f.op.Resolve(ctx, o.ID, paywatch.StatusCancelled, "two orders of one pay amount", "alice"); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

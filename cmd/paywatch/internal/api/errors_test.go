@@ -56,6 +56,8 @@ func TestErrorResponses(t *testing.T) {
 		{"asset of another network", "POST", "/v1/orders", storefrontKey, order("bitcoin", "USDT", `"1"`), nil, 400, "unknown_asset", ""},
 		{"expiry too short", "POST", "/v1/orders", storefrontKey, `{"external_id":"x","network":"ethereum","asset":"USDT","amount":"1","expires_in_seconds":5}`, nil, 400, "invalid_request", "expires_in_seconds"},
 		{"expiry too long", "POST", "/v1/orders", storefrontKey, `{"external_id":"x","network":"ethereum","asset":"USDT","amount":"1","expires_in_seconds":99999999999}`, nil, 400, "invalid_request", "expires_in_seconds"},
+		{"expiry of max_expiry (168 h by default)", "POST", "/v1/orders", storefrontKey, `{"external_id":"max-expiry","network":"ethereum","asset":"USDT","amount":"1","expires_in_seconds":604800}`, nil, 0, "", ""},
+		{"expiry a second past max_expiry", "POST", "/v1/orders", storefrontKey, `{"external_id":"x","network":"ethereum","asset":"USDT","amount":"1","expires_in_seconds":604801}`, nil, 400, "invalid_request", "expires_in_seconds"},
 		{"metadata not an object", "POST", "/v1/orders", storefrontKey, `{"external_id":"x","network":"ethereum","asset":"USDT","amount":"1","metadata":[1]}`, nil, 400, "invalid_request", "metadata must be a JSON object"},
 		{"conflicting external_id", "POST", "/v1/orders", storefrontKey, strings.Replace(createBody, "1234.00", "1235", 1), nil, 409, "conflict", "external_id"},
 		{"reused idempotency key", "POST", "/v1/orders", storefrontKey, order("ethereum", "USDT", `"1"`), []string{"Idempotency-Key", "idem-x"}, 0, "", ""},
