@@ -1,10 +1,14 @@
 package config
 
 import (
+	"bytes"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/btcsuite/btcd/btcutil/hdkeychain"
+	"github.com/btcsuite/btcd/chaincfg"
 
 	"github.com/paywatch/paywatch"
 	"github.com/paywatch/paywatch/chains/bitcoin"
@@ -239,6 +243,62 @@ func TestNetworkNameRule(t *testing.T) {
 		want := "name " + strconv.Quote(name) + " must be lowercase letters, digits and dashes (at most 63 characters, not starting with a dash)"
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("network name %q: the error is %q, want it to say %q", name, err, want)
+		}
+	}
+}
+
+// README: "`assets[].receive.script_type` | from the prefix | `p2pkh`
+// (BIP44), `p2sh-p2wpkh` (BIP49), `p2wpkh` (BIP84), `p2tr` (BIP86, from an
+// xpub/tpub)". The prefix gives the script type (an xpub p2pkh, a zpub
+// p2wpkh); script_type may say otherwise for an xpub (p2tr, or a segwit
+// account exported as an xpub), never against a ypub's or zpub's; and it
+// goes with an extended key only.
+func TestReceiveScriptTypeFromThePrefixOrSaid(t *testing.T) {
+	master, err := hdkeychain.NewMaster(bytes.Repeat([]byte{7}, 32), &chaincfg.MainNetParams)
+	if err != nil {
+		t.Fatal(err)
+	}
+	account, err := master.Neuter()
+	if err != nil {
+		t.Fatal(err)
+	}
+	xpub := account.String()
+	const zpub = "zpub6rFR7y4Q2AijBEqTUquhVz398htDFrtymD9xYYfG1m4wAcvPhXNfE3EfH1r1ADqtfSdVCToUG868RvUUkgDKf31mGDtKsAYz2oz2AGutZYs"
+	doc := func(receive string) string {
+		return `
+database_url_env: PAYWATCH_DATABASE_URL
+api_keys: [{name: s, role: storefront, key_env: PAYWATCH_STOREFRONT_KEY}]
+networks:
+  - name: btc
+    family: bitcoin
+    rpc_urls: [http://127.0.0.1:8332]
+    chain: mainnet
+    assets:
+      - {symbol: BTC, native: true, decimals: 8, receive: ` + receive + `}
+`
+	}
+	for _, c := range []struct{ receive, want string }{
+		{`{xpub: "` + xpub + `"}`, "p2pkh"},
+		{`{xpub: "` + xpub + `", script_type: p2tr}`, "p2tr"},
+		{`{xpub: "` + xpub + `", script_type: p2pkh}`, "p2pkh"},
+		{`{xpub: "` + xpub + `", script_type: p2wpkh}`, "p2wpkh"}, // wallets export segwit accounts as xpubs too
+		{`{xpub: "` + zpub + `"}`, "p2wpkh"},
+	} {
+		cfg, err := Parse([]byte(doc(c.receive)), getenv)
+		if err != nil {
+			t.Fatalf("receive %s: refused: %v", c.receive, err)
+		}
+		if got := cfg.Network("btc").Asset("BTC").ScriptType; got != c.want {
+			t.Fatalf("receive %s: script type %q, want %q", c.receive, got, c.want)
+		}
+	}
+	for _, c := range []struct{ receive, want string }{
+		{`{xpub: "` + zpub + `", script_type: p2tr}`, "does not fit"},
+		{`{xpub: "` + zpub + `", script_type: p2sh-p2wpkh}`, "does not fit"},
+		{`{addresses: [bc1qcr8te4kr609gcawutmrza0j4xv80jy8z306fyu], script_type: p2tr}`, "receive.script_type goes with receive.xpub"},
+	} {
+		if _, err := Parse([]byte(doc(c.receive)), getenv); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Fatalf("receive %s: %v, want an error saying %q", c.receive, err, c.want)
 		}
 	}
 }
