@@ -84,37 +84,73 @@ func (r *orderRow) order() (*paywatch.Order, error) {
 	return o, nil
 }
 
-// Get returns one order with its matched transfers, through a statement
-// prepared once per connection (planning it again each time would cost
-// more than running it).
+// Get returns one order with its matched transfers, through statements
+// prepared once per connection (planning them again each time would cost
+// more than running them). An order with no transfer (awaiting payment, as
+// a checkout polls it) is read by a statement about half the cost of the
+// one that also gathers transfers; an order with any is read again whole,
+// by that one, in one snapshot.
 func (s *Store) Get(ctx context.Context, id string) (*paywatch.Order, error) {
 	if !pg.ValidText(id) {
 		return nil, paywatch.Errorf(paywatch.CodeNotFound, "no order %.80q", id)
 	}
-	stmt, err := s.getStatement(ctx)
+	bare, full, err := s.getStatements(ctx)
 	if err != nil {
 		return getOrder(ctx, s.db, id)
 	}
+	var heads []orderHead
+	if err := bare.SelectContext(ctx, &heads, id); err != nil {
+		return nil, fmt.Errorf("read order %s: %w", id, err)
+	}
+	if len(heads) == 1 && !heads[0].HasTransfers {
+		return orderFrom([]orderWithTransfers{{orderRow: heads[0].orderRow, Transfers: "[]"}}, id)
+	}
+	if len(heads) == 0 {
+		return nil, paywatch.Errorf(paywatch.CodeNotFound, "no order %q", id)
+	}
 	var rows []orderWithTransfers
-	if err := stmt.SelectContext(ctx, &rows, id); err != nil {
+	if err := full.SelectContext(ctx, &rows, id); err != nil {
 		return nil, fmt.Errorf("read order %s: %w", id, err)
 	}
 	return orderFrom(rows, id)
 }
 
-// getStatement prepares getOrderSQL once.
-func (s *Store) getStatement(ctx context.Context) (*sqlx.Stmt, error) {
+// getStatements prepares getOrderHeadSQL and getOrderSQL once.
+func (s *Store) getStatements(ctx context.Context) (bare, full *sqlx.Stmt, err error) {
 	s.stmtMu.Lock()
 	defer s.stmtMu.Unlock()
 	if s.getStmt == nil {
 		stmt, err := s.db.PreparexContext(ctx, getOrderSQL)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		s.getStmt = stmt
 	}
-	return s.getStmt, nil
+	if s.headStmt == nil {
+		stmt, err := s.db.PreparexContext(ctx, getOrderHeadSQL)
+		if err != nil {
+			return nil, nil, err
+		}
+		s.headStmt = stmt
+	}
+	return s.headStmt, s.getStmt, nil
 }
+
+// orderHead is an order's row and whether it has any transfer to list
+// (getOrderHeadSQL).
+type orderHead struct {
+	orderRow
+	HasTransfers bool `db:"has_transfers"`
+}
+
+// getOrderHeadSQL reads one order ($1) and whether transfersOf would list
+// anything for it: a transfer matched to it (in any state) or a mempool
+// sighting still in view. It may say so when transfersOf lists nothing (a
+// sighting already mined), never the other way round.
+var getOrderHeadSQL = `SELECT ` + orderColumns + `,
+	EXISTS (SELECT 1 FROM transfers t WHERE t.order_id = o.id)
+		OR EXISTS (SELECT 1 FROM mempool_transfers m WHERE m.order_id = o.id AND m.left_at IS NULL) AS has_transfers
+	FROM orders o WHERE o.id = $1`
 
 type orderWithTransfers struct {
 	orderRow

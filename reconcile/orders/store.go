@@ -39,6 +39,8 @@ type Store struct {
 
 	stmtMu  sync.Mutex
 	getStmt *sqlx.Stmt
+	// headStmt reads an order without its transfers (Get).
+	headStmt *sqlx.Stmt
 }
 
 func (s *Store) rand(n int) (int, error) {

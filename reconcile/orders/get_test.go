@@ -1,0 +1,69 @@
+package orders_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/paywatch/paywatch"
+	"github.com/paywatch/paywatch/migrations/pgtest"
+)
+
+// Get reads an order with no transfer by a lighter statement and one with
+// any by the whole one: both give what a checkout must see, whatever the
+// order holds (nothing, a matched transfer, an orphaned one, a sighting in
+// view, a sighting gone, a sighting whose transaction is recorded).
+func TestGetListsExactlyTheOrdersTransfersWhateverItHolds(t *testing.T) {
+	db := pgtest.New(t)
+	s, _ := newStore(t, db)
+	ctx := context.Background()
+	check := func(step string, o *paywatch.Order, wantIDs ...string) {
+		t.Helper()
+		got, err := s.Get(ctx, o.ID)
+		if err != nil {
+			t.Fatalf("%s: %v", step, err)
+		}
+		var ids []string
+		for _, tr := range got.Transfers {
+			ids = append(ids, tr.ID)
+		}
+		if len(ids) != len(wantIDs) {
+			t.Fatalf("%s: the order lists transfers %v, want %v", step, ids, wantIDs)
+		}
+		for i := range ids {
+			if ids[i] != wantIDs[i] {
+				t.Fatalf("%s: the order lists transfers %v, want %v", step, ids, wantIDs)
+			}
+		}
+		if got.ID != o.ID || got.PayAmount.Cmp(o.PayAmount) != 0 || got.Status != o.Status {
+			t.Fatalf("%s: read %s %s %s, want %s %s %s", step, got.ID, got.PayAmount, got.Status, o.ID, o.PayAmount, o.Status)
+		}
+	}
+	eo, _, err := s.Create(ctx, req("e", usdt, 1_000_000))
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("no transfer", eo)
+	pgtest.Exec(t, db, `INSERT INTO transfers (id, network, asset, asset_contract, tx_hash, tx_key, idx, to_address,
+		amount, block_number, block_hash, state, order_id, first_seen_at, updated_at)
+		VALUES ('trf_1', 'ethereum', 'USDT', $2, '0xaa', 'log:0', 0, $3, 1, 10, '0xbb', 'seen', $1, now(), now())`,
+		eo.ID, usdt.Contract, usdt.Addresses[0])
+	check("a matched transfer", eo, "trf_1")
+	pgtest.Exec(t, db, `UPDATE transfers SET state = 'orphaned' WHERE id = 'trf_1'`)
+	check("an orphaned transfer", eo, "trf_1")
+
+	bo, _, err := s.Create(ctx, req("b", btc, 100_000))
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("no sighting", bo)
+	pgtest.Exec(t, db, `INSERT INTO mempool_transfers (id, network, asset, tx_hash, tx_key, idx, to_address, amount,
+		order_id, first_seen_at, updated_at)
+		VALUES ('mtx_1', 'bitcoin', 'BTC', 'c1', 'vout:0', 0, $2, 100000, $1, now(), now())`, bo.ID, bo.PayAddress)
+	check("a sighting in view", bo, "mtx_1")
+	pgtest.Exec(t, db, `INSERT INTO transfers (id, network, asset, asset_contract, tx_hash, tx_key, idx, to_address,
+		amount, block_number, block_hash, state, first_seen_at, updated_at)
+		VALUES ('trf_2', 'bitcoin', 'BTC', '', 'c1', 'vout:0', 0, $1, 100000, 10, '0xbc', 'seen', now(), now())`, bo.PayAddress)
+	check("a sighting whose transaction is recorded (not yet the order's)", bo)
+	pgtest.Exec(t, db, `UPDATE mempool_transfers SET left_at = now(), left_reason = 'mined' WHERE id = 'mtx_1'`)
+	check("a sighting gone", bo)
+}
