@@ -29,36 +29,10 @@ import (
 	"github.com/paywatch/paywatch/reconcile/orders"
 )
 
-// alMoves lists an order's status changes as "from>to", with "/reason"
-// when it ends disputed.
-func alMoves(f *fixture, o *paywatch.Order) []string {
-	f.t.Helper()
-	evs, err := f.store.Events(context.Background(), o.ID)
-	if err != nil {
-		f.t.Fatal(err)
-	}
-	var moves []string
-	for _, ev := range evs {
-		if ev.Type != "status_changed" {
-			continue
-		}
-		m := string(ev.FromStatus) + ">" + string(ev.ToStatus)
-		if ev.ToStatus == paywatch.StatusDisputed {
-			var d struct {
-				Reason string `json:"reason"`
-			}
-			_ = json.Unmarshal(ev.Detail, &d)
-			m += "/" + d.Reason
-		}
-		moves = append(moves, m)
-	}
-	return moves
-}
-
 // alExpectMoves fails unless the order's status changes are want.
 func alExpectMoves(f *fixture, o *paywatch.Order, want ...string) {
 	f.t.Helper()
-	if got := alMoves(f, o); !slices.Equal(got, want) {
+	if got := f.moves(o); !slices.Equal(got, want) {
 		f.t.Fatalf("order %s moved %v, want %v", o.ExternalID, got, want)
 	}
 }
@@ -71,16 +45,6 @@ func alMinedAgain(f *fixture, transfer, state string) {
 	f.n++
 	pgtest.Exec(f.t, f.db, `UPDATE transfers SET state = $2, block_number = $3, block_hash = $4, orphaned_at = NULL,
 		ledger_dirty = true WHERE id = $1`, transfer, state, f.n, fmt.Sprintf("0xagain%d", f.n))
-}
-
-// alFlags returns a transfer's flags.
-func alFlags(f *fixture, transfer string) []string {
-	f.t.Helper()
-	var flags pq.StringArray
-	if err := f.db.Get(&flags, `SELECT flags FROM transfers WHERE id = $1`, transfer); err != nil {
-		f.t.Fatal(err)
-	}
-	return flags
 }
 
 // README, lifecycle table: "expired | disputed `ambiguous` | reconciler | a
@@ -111,7 +75,7 @@ func TestExpiredOrderDisputedAmbiguousThenSettledByAnExactPayment(t *testing.T) 
 		if got := f.transferOrder(tr); got != "" {
 			t.Fatalf("a payment either order could take paid %s: a guess", got)
 		}
-		if flags := alFlags(f, tr); !slices.Contains(flags, paywatch.FlagAmbiguous) {
+		if flags := f.flags(tr); !slices.Contains(flags, paywatch.FlagAmbiguous) {
 			t.Fatalf("the payment two orders could take is flagged %v, want ambiguous", flags)
 		}
 		f.expect(first, paywatch.StatusDisputed, paywatch.ReasonAmbiguous)
@@ -441,7 +405,7 @@ func TestSettledOrderConfirmingWhenAReorgMovesItsPayment(t *testing.T) {
 		e.node.Mine(1)
 		e.sync()
 		e.expect(o, paywatch.StatusSettled, "")
-		if moves := alMoves(e.fixture, o); !slices.Equal(moves, []string{"awaiting_payment>settled", "settled>confirming",
+		if moves := e.fixture.moves(o); !slices.Equal(moves, []string{"awaiting_payment>settled", "settled>confirming",
 			"confirming>settled"}) {
 			t.Fatalf("moves %v", moves)
 		}
@@ -489,7 +453,7 @@ func TestSettledOrderConfirmingWhenAReorgMovesItsPayment(t *testing.T) {
 		e.mempool()
 		e.sync()
 		e.expect(o, paywatch.StatusSettled, "")
-		if moves := alMoves(e.fixture, o); !slices.Equal(moves, []string{"awaiting_payment>confirming", "confirming>settled",
+		if moves := e.fixture.moves(o); !slices.Equal(moves, []string{"awaiting_payment>confirming", "confirming>settled",
 			"settled>confirming", "confirming>settled"}) {
 			t.Fatalf("moves %v", moves)
 		}
@@ -552,7 +516,7 @@ func TestOrderConfirmingOnASightingAloneAtExpiry(t *testing.T) {
 		graceFirst: {"awaiting_payment>confirming", "confirming>disputed/no_payment_found"},
 	}
 	for o, moves := range want {
-		if got := alMoves(e.fixture, o); !slices.Equal(got, moves) {
+		if got := e.fixture.moves(o); !slices.Equal(got, moves) {
 			t.Errorf("order %s moved %v, want %v", o.ExternalID, got, moves)
 		}
 	}
@@ -699,7 +663,7 @@ func TestWithdrawnPaymentPastPaidGraceDisputesNoPaymentFound(t *testing.T) {
 	if why, by := alWithdrawal(e.fixture, o); why != "replaced" || by != replacement {
 		t.Fatalf("withdrawn as %q by %q, want replaced by %s: timeline %v", why, by, replacement, e.events(o))
 	}
-	if moves := alMoves(e.fixture, o); !slices.Equal(moves, []string{"awaiting_payment>confirming", "confirming>disputed/no_payment_found"}) {
+	if moves := e.fixture.moves(o); !slices.Equal(moves, []string{"awaiting_payment>confirming", "confirming>disputed/no_payment_found"}) {
 		t.Fatalf("moves %v", moves)
 	}
 }

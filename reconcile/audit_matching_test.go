@@ -18,7 +18,6 @@ import (
 	"time"
 
 	"github.com/ethereum/go-ethereum/common"
-	"github.com/lib/pq"
 
 	"github.com/paywatch/paywatch"
 	"github.com/paywatch/paywatch/chains/bitcoin/btctest"
@@ -37,31 +36,6 @@ const (
 	amWhyWaiting        = "another order waiting for a payment of about this amount may be owed it: an operator decides"
 	amWhyContested      = "another order claims the same payment: an operator decides"
 )
-
-// amStatusChanges lists an order's status changes as "from>to/reason".
-func amStatusChanges(f *fixture, o *paywatch.Order) []string {
-	f.t.Helper()
-	evs, err := f.store.Events(context.Background(), o.ID)
-	if err != nil {
-		f.t.Fatal(err)
-	}
-	var moves []string
-	for _, ev := range evs {
-		if ev.Type != "status_changed" {
-			continue
-		}
-		var d struct {
-			Reason string `json:"reason"`
-		}
-		_ = json.Unmarshal(ev.Detail, &d)
-		m := string(ev.FromStatus) + ">" + string(ev.ToStatus)
-		if d.Reason != "" {
-			m += "/" + d.Reason
-		}
-		moves = append(moves, m)
-	}
-	return moves
-}
 
 // amUnmatched returns the why of each transfer_unmatched event on an
 // order's timeline.
@@ -85,16 +59,6 @@ func amUnmatched(f *fixture, o *paywatch.Order) []string {
 		whys = append(whys, d.Why)
 	}
 	return whys
-}
-
-// amFlags returns a transfer's flags.
-func amFlags(f *fixture, transfer string) []string {
-	f.t.Helper()
-	var flags pq.StringArray
-	if err := f.db.Get(&flags, `SELECT flags FROM transfers WHERE id = $1`, transfer); err != nil {
-		f.t.Fatal(err)
-	}
-	return flags
 }
 
 // amHintState returns the state of an order's tx hash claim ("" for none).
@@ -200,7 +164,7 @@ func TestAmbiguousTransferDisputesOnlyTheCandidatesHoldingNoPayment(t *testing.T
 	pgtest.Exec(t, f.db, `DELETE FROM amount_slots`)
 	second := f.pay(payment{asset: usdt, to: shop, amount: holder.PayAmount.Int64()})
 	f.pass()
-	if got, flags := f.transferOrder(second), amFlags(f, second); got != "" || !slices.Equal(flags, []string{paywatch.FlagAmbiguous}) {
+	if got, flags := f.transferOrder(second), f.flags(second); got != "" || !slices.Equal(flags, []string{paywatch.FlagAmbiguous}) {
 		t.Fatalf("setup: the payment with two candidates is on order %q, flags %v; want in the inbox, flagged ambiguous", got, flags)
 	}
 	f.expect(bare, paywatch.StatusDisputed, paywatch.ReasonAmbiguous)
@@ -210,12 +174,12 @@ func TestAmbiguousTransferDisputesOnlyTheCandidatesHoldingNoPayment(t *testing.T
 	}
 	if got.Status != paywatch.StatusConfirming || got.DisputeReason != "" {
 		t.Fatalf("the candidate holding a payment was moved to %s/%s by an ambiguous transfer (status changes %v); want it left confirming",
-			got.Status, got.DisputeReason, amStatusChanges(f, holder))
+			got.Status, got.DisputeReason, f.moves(holder))
 	}
 	if on := f.transferOrder(own); on != holder.ID {
 		t.Fatalf("the candidate's own payment is on %q now, want %s", on, holder.ID)
 	}
-	if moves := amStatusChanges(f, holder); !slices.Equal(moves, []string{"awaiting_payment>confirming"}) {
+	if moves := f.moves(holder); !slices.Equal(moves, []string{"awaiting_payment>confirming"}) {
 		t.Fatalf("the candidate holding a payment moved %v, want only awaiting_payment>confirming", moves)
 	}
 	f.setState(own, "confirmed")
@@ -253,7 +217,7 @@ func TestContestDisputesOnlyTheOrdersLeftWithoutAPayment(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.pass()
-	if on, flags := f.transferOrder(extra), amFlags(f, extra); on != "" || !slices.Equal(flags, []string{paywatch.FlagAmbiguous}) {
+	if on, flags := f.transferOrder(extra), f.flags(extra); on != "" || !slices.Equal(flags, []string{paywatch.FlagAmbiguous}) {
 		t.Fatalf("the contested payment is on %q, flags %v; want in the inbox, flagged ambiguous", on, flags)
 	}
 	if why := f.rejection(rival); why != amWhyContested {
@@ -271,7 +235,7 @@ func TestContestDisputesOnlyTheOrdersLeftWithoutAPayment(t *testing.T) {
 	}
 	if got.Status != paywatch.StatusConfirming {
 		t.Fatalf("the contested order that still holds a payment is %s/%s (status changes %v), want confirming",
-			got.Status, got.DisputeReason, amStatusChanges(f, holder))
+			got.Status, got.DisputeReason, f.moves(holder))
 	}
 	f.setState(exact, "confirmed")
 	f.pass()
@@ -312,7 +276,7 @@ func TestWrongAssetClaimDisputesOnlyAnOrderHoldingNoPayment(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if moves := amStatusChanges(f, o); got.Status != paywatch.StatusConfirming || !slices.Equal(moves, []string{"awaiting_payment>confirming"}) {
+		if moves := f.moves(o); got.Status != paywatch.StatusConfirming || !slices.Equal(moves, []string{"awaiting_payment>confirming"}) {
 			t.Fatalf("order %s, holding a payment, whose claim paid in another asset, is %s/%s after moves %v; "+
 				"want it confirming, moved only awaiting_payment>confirming", o.ExternalID, got.Status, got.DisputeReason, moves)
 		}
@@ -364,7 +328,7 @@ func TestClaimAnotherOrderMayBeOwedDisputesOnlyAnOrderHoldingNoPayment(t *testin
 	}
 	if got.Status != paywatch.StatusConfirming {
 		t.Fatalf("an order holding a payment, whose claim another order may be owed, is %s/%s (status changes %v); want it left confirming",
-			got.Status, got.DisputeReason, amStatusChanges(f, holder))
+			got.Status, got.DisputeReason, f.moves(holder))
 	}
 	f.setState(paid, "confirmed")
 	f.pass()
@@ -507,7 +471,7 @@ func TestContestedClaimMovesAConfirmingOrderToDisputedAmbiguous(t *testing.T) {
 		t.Fatalf("the contested payment is on order %s, flags %v; want in the inbox, flagged ambiguous", orderOf(got), got.Flags)
 	}
 	e.expect(first, paywatch.StatusDisputed, paywatch.ReasonAmbiguous)
-	moves := amStatusChanges(e.fixture, first)
+	moves := e.fixture.moves(first)
 	if !slices.Equal(moves, []string{"awaiting_payment>confirming", "confirming>disputed/ambiguous"}) {
 		t.Fatalf("the first claimant's order moved %v; want awaiting_payment>confirming, confirming>disputed/ambiguous", moves)
 	}
@@ -808,7 +772,7 @@ func TestHeldOrAmbiguousPaymentOfAnOrdersExactAmountNeverPaysIt(t *testing.T) {
 			h := hash(f, "both")
 			tr := f.pay(payment{asset: usdt, to: shop, amount: second.PayAmount.Int64(), blockAgo: 2 * time.Minute, tx: h})
 			f.pass()
-			if on, flags := f.transferOrder(tr), amFlags(f, tr); on != "" || !slices.Contains(flags, paywatch.FlagAmbiguous) {
+			if on, flags := f.transferOrder(tr), f.flags(tr); on != "" || !slices.Contains(flags, paywatch.FlagAmbiguous) {
 				t.Fatalf("setup: the payment with two candidates is on %q, flags %v", on, flags)
 			}
 			f.expect(first, paywatch.StatusDisputed, paywatch.ReasonAmbiguous)
@@ -825,7 +789,7 @@ func TestHeldOrAmbiguousPaymentOfAnOrdersExactAmountNeverPaysIt(t *testing.T) {
 			if err := f.op.Resolve(ctx, first.ID, paywatch.StatusCancelled, "customer cancelled; refund by hand", "alice"); err != nil {
 				t.Fatal(err)
 			}
-			if flags := amFlags(f, tr); !slices.Contains(flags, flag) || slices.ContainsFunc(flags, func(g string) bool { return g != flag }) {
+			if flags := f.flags(tr); !slices.Contains(flags, flag) || slices.ContainsFunc(flags, func(g string) bool { return g != flag }) {
 				t.Fatalf("setup: the payment's flags are %v, want %s alone", flags, flag)
 			}
 			var candidate bool
@@ -878,7 +842,7 @@ func TestAmbiguousTransferLeavesADisputedCandidateItsReason(t *testing.T) {
 	pgtest.Exec(t, f.db, `DELETE FROM amount_slots`)
 	p := f.pay(payment{asset: usdt, to: shop, amount: disputed.PayAmount.Int64()})
 	f.pass()
-	if got, flags := f.transferOrder(p), amFlags(f, p); got != "" || !slices.Equal(flags, []string{paywatch.FlagAmbiguous}) {
+	if got, flags := f.transferOrder(p), f.flags(p); got != "" || !slices.Equal(flags, []string{paywatch.FlagAmbiguous}) {
 		t.Fatalf("the payment with two candidates is on order %q, flags %v; want in the inbox, flagged ambiguous", got, flags)
 	}
 	f.expect(waiting, paywatch.StatusDisputed, paywatch.ReasonAmbiguous)

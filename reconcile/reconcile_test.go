@@ -2,6 +2,7 @@ package reconcile_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -132,6 +133,42 @@ func (f *fixture) pay(p payment) string {
 	pgtest.Exec(f.t, f.db, `INSERT INTO chain_cursors (network, head, updated_at) VALUES ($1, $2, $3)
 		ON CONFLICT (network) DO UPDATE SET head = greatest(chain_cursors.head, EXCLUDED.head)`, p.asset.Network, f.n, now)
 	return id
+}
+
+// moves lists an order's status changes as "from>to", with "/reason" when
+// the move gives one (into disputed).
+func (f *fixture) moves(o *paywatch.Order) []string {
+	f.t.Helper()
+	evs, err := f.store.Events(context.Background(), o.ID)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	var moves []string
+	for _, ev := range evs {
+		if ev.Type != "status_changed" {
+			continue
+		}
+		var d struct {
+			Reason string `json:"reason"`
+		}
+		_ = json.Unmarshal(ev.Detail, &d)
+		m := string(ev.FromStatus) + ">" + string(ev.ToStatus)
+		if d.Reason != "" {
+			m += "/" + d.Reason
+		}
+		moves = append(moves, m)
+	}
+	return moves
+}
+
+// flags returns a transfer's flags.
+func (f *fixture) flags(transfer string) []string {
+	f.t.Helper()
+	var flags pq.StringArray
+	if err := f.db.Get(&flags, `SELECT flags FROM transfers WHERE id = $1`, transfer); err != nil {
+		f.t.Fatal(err)
+	}
+	return flags
 }
 
 func (f *fixture) pass() reconcile.Result {
