@@ -34,7 +34,12 @@ type btcEnv struct {
 
 func newBTCEnv(t *testing.T) *btcEnv {
 	t.Helper()
-	node := btctest.New(t)
+	return newBTCEnvOn(t, btctest.New(t))
+}
+
+// newBTCEnvOn is newBTCEnv on a node the test started.
+func newBTCEnvOn(t *testing.T, node *btctest.Node) *btcEnv {
+	t.Helper()
 	db := pgtest.New(t)
 	clk := reconciletest.NewClock(time.Now())
 	asset := &paywatch.Asset{Network: "btc", Symbol: "BTC", Native: true, Decimals: 8, Mode: paywatch.ModePerOrder,

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
-	"math/big"
 	"os"
 	"path/filepath"
 	"slices"
@@ -18,10 +17,7 @@ import (
 	"github.com/paywatch/paywatch"
 	"github.com/paywatch/paywatch/chains/bitcoin"
 	"github.com/paywatch/paywatch/chains/bitcoin/btctest"
-	"github.com/paywatch/paywatch/chains/scan"
-	"github.com/paywatch/paywatch/migrations/pgtest"
 	"github.com/paywatch/paywatch/reconcile"
-	"github.com/paywatch/paywatch/reconcile/orders"
 	"github.com/paywatch/paywatch/reconcile/reconciletest"
 )
 
@@ -198,43 +194,6 @@ func TestMempoolDropAfterFailoverToANodeBehindWaitsFromTheScannerHeight(t *testi
 	if why != "dropped" {
 		t.Fatalf("once a block passed the payment was withdrawn as %q, want dropped: timeline %v", why, e.events(o))
 	}
-}
-
-// newBTCEnvOn is newBTCEnv on a node the test started.
-func newBTCEnvOn(t *testing.T, node *btctest.Node) *btcEnv {
-	t.Helper()
-	db := pgtest.New(t)
-	clk := reconciletest.NewClock(time.Now())
-	asset := &paywatch.Asset{Network: "btc", Symbol: "BTC", Native: true, Decimals: 8, Mode: paywatch.ModePerOrder,
-		XPub: reconciletest.VPub, ScriptType: bitcoin.P2WPKH, Dust: big.NewInt(546), GapLimit: 20}
-	n := &paywatch.Network{Name: "btc", Family: paywatch.FamilyBitcoin, Chain: "regtest", RPCURLs: []string{node.URL},
-		Confirmations: 2, PollInterval: 50 * time.Millisecond, StartBlock: node.Height(), Assets: []*paywatch.Asset{asset}}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	wallets := reconciletest.Wallets(t)
-	store := orders.NewStore(db, window, wallets)
-	watch, err := bitcoin.NewWatchSet("regtest", nil, wallets, store)
-	if err != nil {
-		t.Fatal(err)
-	}
-	src, err := bitcoin.NewSource(n, node.Credentials, watch, log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := &fixture{t: t, db: db, clock: clk, store: store, rec: reconcile.New(db, log, grace, 8*24*time.Hour),
-		op: reconcile.NewOperator(db)}
-	f.store.Now, f.rec.Now, f.op.Now = clk.Now, clk.Now, clk.Now
-	scans := scan.NewStore(db)
-	scans.Now = clk.Now
-	f.rec.Lookups = map[string]reconcile.TxLookup{"btc": src}
-	f.rec.Record = scans.Record
-	memp := bitcoin.NewMempool(src, db, log)
-	memp.Now = clk.Now
-	e := &btcEnv{fixture: f, node: node, network: n, asset: asset, scanner: scan.NewScanner(n, src, scans, log), source: src, memp: memp}
-	t.Cleanup(func() {
-		e.sync()
-		f.check()
-	})
-	return e
 }
 
 // README: "A node keeps no index of transactions unless it runs with
