@@ -23,7 +23,6 @@ import (
 
 	"github.com/paywatch/paywatch"
 	"github.com/paywatch/paywatch/migrations/pgtest"
-	"github.com/paywatch/paywatch/reconcile"
 	"github.com/paywatch/paywatch/reconcile/orders"
 	"github.com/paywatch/paywatch/reconcile/outbox"
 	"github.com/paywatch/paywatch/reconcile/webhook"
@@ -442,43 +441,8 @@ func TestWebhookAttemptOvertakenByARedeliveryIsNotLogged(t *testing.T) {
 // then.
 func TestWebhookBodyIsNotReReadAtDelivery(t *testing.T) {
 	db := pgtest.New(t)
-	ctx := context.Background()
-	sealer := orders.NewSealer([]*paywatch.Network{fx.Ethereum, fx.Bitcoin})
-	store := newOrders(t, db)
-	rec := reconcile.New(db, logger(t), 2*time.Hour, 8*24*time.Hour)
-	rec.Sealer = sealer
-	op := reconcile.NewOperator(db)
-	op.Sealer = sealer
-	pgtest.Exec(t, db, `INSERT INTO chain_cursors (network, head, updated_at) VALUES ('bitcoin', 0, now())`)
-	o, _, err := store.Create(ctx, orders.CreateRequest{ExternalID: "ext-asof", Network: fx.Bitcoin, Asset: fx.BTC,
-		Amount: big.NewInt(100_000), ExpiresIn: time.Hour, Actor: "shop"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	pgtest.Exec(t, db, `INSERT INTO transfers (id, network, asset, asset_contract, tx_hash, tx_key, idx, from_address,
-		to_address, amount, block_number, block_hash, state, first_seen_at, updated_at, block_time, flags)
-		VALUES ('trf_asof', 'bitcoin', 'BTC', '', $1, 'k', 0, 'bcrt1qfrom', $2, 250000, 1, '0xb1', 'confirmed',
-			now(), now(), now(), '{}')`, strings.Repeat("cd", 32), o.PayAddress)
-	pgtest.Exec(t, db, `UPDATE chain_cursors SET head = 1 WHERE network = 'bitcoin'`)
-	if _, err := rec.Pass(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := op.Resolve(ctx, o.ID, paywatch.StatusRefunded, "sent the money back", "ops-bob"); err != nil {
-		t.Fatal(err)
-	}
-	if got, err := store.Get(ctx, o.ID); err != nil || got.Status != paywatch.StatusRefunded {
-		t.Fatalf("before delivery the order is %v (%v), want refunded", got, err)
-	}
-
-	rcv := newReceiver(t, func(int) int { return 0 })
-	snd := newSender(db, rcv.srv.URL, true, logger(t))
-	snd.Sealer = sealer
-	waitFor(t, "the order's webhooks delivered", 10*time.Second, func() bool {
-		if _, err := snd.Round(ctx); err != nil {
-			t.Fatal(err)
-		}
-		return statusCounts(t, db)[outbox.StatusPending] == 0
-	})
+	o, sealer := refundedAfterAnOverpayment(t, db, "ext-asof")
+	rcv := deliverAll(t, db, sealer)
 	type orderView struct {
 		ID            string  `json:"id"`
 		Status        string  `json:"status"`

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jmoiron/sqlx"
+
 	"github.com/paywatch/paywatch"
 	"github.com/paywatch/paywatch/migrations/pgtest"
 	"github.com/paywatch/paywatch/reconcile"
@@ -34,11 +36,12 @@ func orderOf(t *testing.T, body []byte) (webhook.Event, string) {
 	return e, o.ID
 }
 
-// README: "On every status change (… `order.refunded`) … paywatch POSTs to
-// `webhooks.url`". An operator resolving a disputed order as refunded
-// makes paywatch POST an order.refunded event whose order is refunded.
-func TestResolvingADisputeAsRefundedPostsOrderRefunded(t *testing.T) {
-	db := pgtest.New(t)
+// refundedAfterAnOverpayment creates a Bitcoin order, pays it 2.5 times its
+// amount in block 1, runs a pass (the order is disputed as overpaid) and
+// has an operator resolve it as refunded, all with the webhooks' bodies
+// sealed as serve seals them. Nothing is delivered yet.
+func refundedAfterAnOverpayment(t *testing.T, db *sqlx.DB, ext string) (*paywatch.Order, *orders.Sealer) {
+	t.Helper()
 	ctx := context.Background()
 	sealer := orders.NewSealer([]*paywatch.Network{fx.Ethereum, fx.Bitcoin})
 	store := newOrders(t, db)
@@ -48,13 +51,11 @@ func TestResolvingADisputeAsRefundedPostsOrderRefunded(t *testing.T) {
 	op.Sealer = sealer
 	// Bitcoin has been scanned up to block 0 when the order is created.
 	pgtest.Exec(t, db, `INSERT INTO chain_cursors (network, head, updated_at) VALUES ('bitcoin', 0, now())`)
-	o, _, err := store.Create(ctx, orders.CreateRequest{ExternalID: "ext-refund", Network: fx.Bitcoin, Asset: fx.BTC,
+	o, _, err := store.Create(ctx, orders.CreateRequest{ExternalID: ext, Network: fx.Bitcoin, Asset: fx.BTC,
 		Amount: big.NewInt(100_000), ExpiresIn: time.Hour, Actor: "shop"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The customer pays 2.5 times the amount, confirmed in block 1: the
-	// pass disputes the order as overpaid.
 	pgtest.Exec(t, db, `INSERT INTO transfers (id, network, asset, asset_contract, tx_hash, tx_key, idx, from_address,
 		to_address, amount, block_number, block_hash, state, first_seen_at, updated_at, block_time, flags)
 		VALUES ('trf_over', 'bitcoin', 'BTC', '', $1, 'k', 0, 'bcrt1qfrom', $2, 250000, 1, '0xb1', 'confirmed',
@@ -63,23 +64,41 @@ func TestResolvingADisputeAsRefundedPostsOrderRefunded(t *testing.T) {
 	if _, err := rec.Pass(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if got, err := store.Get(ctx, o.ID); err != nil {
-		t.Fatal(err)
-	} else if got.Status != paywatch.StatusDisputed {
-		t.Fatalf("after an overpayment the order is %s, want disputed", got.Status)
+	if got, err := store.Get(ctx, o.ID); err != nil || got.Status != paywatch.StatusDisputed {
+		t.Fatalf("after an overpayment the order is %v (%v), want disputed", got, err)
 	}
 	if err := op.Resolve(ctx, o.ID, paywatch.StatusRefunded, "customer asked for the money back", "ops-bob"); err != nil {
 		t.Fatal(err)
 	}
+	if got, err := store.Get(ctx, o.ID); err != nil || got.Status != paywatch.StatusRefunded {
+		t.Fatalf("before delivery the order is %v (%v), want refunded", got, err)
+	}
+	return o, sealer
+}
 
+// deliverAll runs a sender (sealing as serve's does) to a receiver that
+// accepts everything, until no event is pending, and returns the receiver.
+func deliverAll(t *testing.T, db *sqlx.DB, sealer *orders.Sealer) *receiver {
+	t.Helper()
 	rcv := newReceiver(t, func(int) int { return 0 })
 	snd := newSender(db, rcv.srv.URL, true, logger(t))
+	snd.Sealer = sealer
 	waitFor(t, "the order's webhooks delivered", 10*time.Second, func() bool {
-		if _, err := snd.Round(ctx); err != nil {
+		if _, err := snd.Round(context.Background()); err != nil {
 			t.Fatal(err)
 		}
 		return statusCounts(t, db)[outbox.StatusPending] == 0
 	})
+	return rcv
+}
+
+// README: "On every status change (… `order.refunded`) … paywatch POSTs to
+// `webhooks.url`". An operator resolving a disputed order as refunded
+// makes paywatch POST an order.refunded event whose order is refunded.
+func TestResolvingADisputeAsRefundedPostsOrderRefunded(t *testing.T) {
+	db := pgtest.New(t)
+	o, sealer := refundedAfterAnOverpayment(t, db, "ext-refund")
+	rcv := deliverAll(t, db, sealer)
 	got := rcv.snapshot()
 	var types []string
 	for _, id := range got {
