@@ -3,16 +3,11 @@ package evm_test
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
-	"io"
 	"log/slog"
-	"net/http"
-	"net/http/httptest"
 	"regexp"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -113,79 +108,6 @@ func TestNextBatchIsReadWhileOneCommits(t *testing.T) {
 	}
 }
 
-// auFront stands between the scanner and a node and, when told to, never
-// answers a request reading logs over more than a number of blocks (a node
-// that times out on a range); it notes the widths of the ranges it served.
-type auFront struct {
-	URL    string
-	target string
-	// hangWiderThan, when not negative, leaves unanswered the requests
-	// reading logs over more blocks than that.
-	hangWiderThan atomic.Int64
-	hung          atomic.Int64
-
-	mu     sync.Mutex
-	widths []uint64
-}
-
-func newAUFront(t *testing.T, target string) *auFront {
-	f := &auFront{target: target}
-	f.hangWiderThan.Store(-1)
-	srv := httptest.NewServer(http.HandlerFunc(f.serve))
-	t.Cleanup(srv.Close)
-	f.URL = srv.URL
-	return f
-}
-
-func (f *auFront) serve(w http.ResponseWriter, r *http.Request) {
-	body, _ := io.ReadAll(r.Body)
-	var calls []frontCall
-	if trimmed := bytes.TrimSpace(body); len(trimmed) > 0 && trimmed[0] == '[' {
-		_ = json.Unmarshal(trimmed, &calls)
-	} else {
-		var one frontCall
-		_ = json.Unmarshal(trimmed, &one)
-		calls = []frontCall{one}
-	}
-	var widths []uint64
-	for _, c := range calls {
-		if from, to, ok := c.logRange(); ok {
-			if limit := f.hangWiderThan.Load(); limit >= 0 && to-from+1 > uint64(limit) {
-				f.hung.Add(1)
-				<-r.Context().Done() // until the caller gives up
-				return
-			}
-			widths = append(widths, to-from+1)
-		}
-	}
-	fwd, err := http.NewRequestWithContext(r.Context(), http.MethodPost, f.target, bytes.NewReader(body))
-	if err != nil {
-		http.Error(w, err.Error(), http.StatusInternalServerError)
-		return
-	}
-	fwd.Header.Set("Content-Type", "application/json")
-	res, err := http.DefaultClient.Do(fwd)
-	if err != nil {
-		http.Error(w, err.Error(), http.StatusBadGateway)
-		return
-	}
-	defer res.Body.Close()
-	out, _ := io.ReadAll(res.Body)
-	f.mu.Lock()
-	f.widths = append(f.widths, widths...)
-	f.mu.Unlock()
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(res.StatusCode)
-	_, _ = w.Write(out)
-}
-
-// served returns the widths of the log ranges served so far.
-func (f *auFront) served() []uint64 {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return append([]uint64(nil), f.widths...)
-}
-
 // auStepUntilHead steps the scanner until it reaches the head, failing on
 // an error or after steps steps.
 func auStepUntilHead(t *testing.T, s *scan.Scanner, steps int, what func() string) {
@@ -211,7 +133,7 @@ func auStepUntilHead(t *testing.T, s *scan.Scanner, steps int, what func() strin
 func TestOnlyARangeNoNodeAnswersInTimeIsReadInHalves(t *testing.T) {
 	e := newEnv(t)
 	e.withoutNative()
-	first, second := newAUFront(t, e.chain.URL), newAUFront(t, e.chain.URL)
+	first, second := newRPCFront(t, e.chain.URL), newRPCFront(t, e.chain.URL)
 	e.network.RPCURLs = []string{first.URL, second.URL}
 	e.network.StartBlock = e.chain.Head() + 1
 	const width = 8

@@ -28,13 +28,19 @@ import (
 
 // rpcFront stands between the scanner and its node and records every HTTP
 // request: its JSON-RPC calls, when it was sent and when it was answered.
-// It can refuse wide eth_getLogs ranges with a "too many results" message.
+// It can refuse wide eth_getLogs ranges with a "too many results" message,
+// or leave them unanswered.
 type rpcFront struct {
 	URL    string
 	target string
 	// refuseOver, when non-zero, answers eth_getLogs over more blocks with
 	// {"code":-32000,"message":"too many results"}.
 	refuseOver atomic.Uint64
+	// hangWiderThan, when not negative, leaves unanswered the requests
+	// reading logs over more blocks than that (until the caller gives up);
+	// hung counts them.
+	hangWiderThan atomic.Int64
+	hung          atomic.Int64
 
 	mu   sync.Mutex
 	reqs []*frontRequest
@@ -51,10 +57,12 @@ type frontRequest struct {
 	Start, End time.Time
 	Calls      []frontCall
 	Refused    bool // a range in it was refused (refuseOver)
+	Hung       bool // left unanswered (hangWiderThan)
 }
 
 func newRPCFront(t *testing.T, target string) *rpcFront {
 	f := &rpcFront{target: target}
+	f.hangWiderThan.Store(-1)
 	srv := httptest.NewServer(http.HandlerFunc(f.serve))
 	t.Cleanup(srv.Close)
 	f.URL = srv.URL
@@ -73,9 +81,21 @@ func (f *rpcFront) serve(w http.ResponseWriter, r *http.Request) {
 		_ = json.Unmarshal(body, &one)
 		req.Calls = []frontCall{one}
 	}
+	if limit := f.hangWiderThan.Load(); limit >= 0 {
+		for _, c := range req.Calls {
+			if from, to, ok := c.logRange(); ok && to-from+1 > uint64(limit) {
+				req.Hung = true
+			}
+		}
+	}
 	f.mu.Lock()
 	f.reqs = append(f.reqs, req)
 	f.mu.Unlock()
+	if req.Hung {
+		f.hung.Add(1)
+		<-r.Context().Done() // until the caller gives up
+		return
+	}
 	fwd, err := http.NewRequestWithContext(r.Context(), http.MethodPost, f.target, bytes.NewReader(body))
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusInternalServerError)
@@ -133,6 +153,23 @@ func (f *rpcFront) refuse(req *frontRequest, batch bool, out []byte, limit uint6
 		out, _ = json.Marshal(answers[0])
 	}
 	return out, true
+}
+
+// served returns the widths of the log ranges answered so far (neither
+// refused nor left unanswered), in the order they came.
+func (f *rpcFront) served() []uint64 {
+	var widths []uint64
+	for _, r := range f.requests() {
+		if r.Refused || r.Hung || r.End.IsZero() {
+			continue
+		}
+		for _, c := range r.Calls {
+			if from, to, ok := c.logRange(); ok {
+				widths = append(widths, to-from+1)
+			}
+		}
+	}
+	return widths
 }
 
 // requests returns the requests recorded so far, in the order they came.
