@@ -1,17 +1,10 @@
 package bitcoin_test
 
 import (
-	"bytes"
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"fmt"
-	"io"
 	"math/big"
-	"net/http"
-	"net/http/httptest"
-	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -171,125 +164,6 @@ func TestMempoolFetchesOnlyNewTransactionsRaw(t *testing.T) {
 	}
 }
 
-// auBlockFront stands between paywatch and a btcd node (plain HTTP to
-// paywatch, the node's TLS behind): it notes when each request reading raw
-// blocks came and was answered, and can alter one raw block on the way.
-type auBlockFront struct {
-	*httptest.Server
-	mu      sync.Mutex
-	reads   []auBlockRead
-	corrupt string // the hash of the block whose raw bytes are altered
-}
-
-// auBlockRead is one request reading raw blocks.
-type auBlockRead struct {
-	hashes     []string
-	start, end time.Time
-}
-
-func newAUBlockFront(t *testing.T, node *btctest.Node) *auBlockFront {
-	t.Helper()
-	pem, err := os.ReadFile(node.Credentials.CertFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(pem)
-	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}}
-	f := &auBlockFront{}
-	f.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		start := time.Now()
-		body, _ := io.ReadAll(r.Body)
-		var calls []struct {
-			ID     json.RawMessage   `json:"id"`
-			Method string            `json:"method"`
-			Params []json.RawMessage `json:"params"`
-		}
-		batch := bytes.HasPrefix(bytes.TrimSpace(body), []byte("["))
-		if batch {
-			_ = json.Unmarshal(body, &calls)
-		} else {
-			calls = calls[:0]
-			var one struct {
-				ID     json.RawMessage   `json:"id"`
-				Method string            `json:"method"`
-				Params []json.RawMessage `json:"params"`
-			}
-			_ = json.Unmarshal(body, &one)
-			calls = append(calls, one)
-		}
-		var hashes []string
-		alter := map[string]bool{} // ids of the calls whose block is altered
-		f.mu.Lock()
-		corrupt := f.corrupt
-		f.mu.Unlock()
-		for _, c := range calls {
-			var hash string
-			if c.Method == "getblock" && len(c.Params) > 0 && json.Unmarshal(c.Params[0], &hash) == nil {
-				hashes = append(hashes, hash)
-				if hash == corrupt {
-					alter[string(c.ID)] = true
-				}
-			}
-		}
-		req, _ := http.NewRequestWithContext(r.Context(), http.MethodPost, node.URL, bytes.NewReader(body))
-		req.Header = r.Header.Clone()
-		res, err := client.Do(req)
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusBadGateway)
-			return
-		}
-		defer res.Body.Close()
-		out, _ := io.ReadAll(res.Body)
-		if len(alter) > 0 {
-			var answers []map[string]json.RawMessage
-			if batch {
-				_ = json.Unmarshal(out, &answers)
-			} else {
-				var one map[string]json.RawMessage
-				_ = json.Unmarshal(out, &one)
-				answers = []map[string]json.RawMessage{one}
-			}
-			for _, a := range answers {
-				var raw string
-				if alter[string(a["id"])] && json.Unmarshal(a["result"], &raw) == nil && len(raw) > 2 {
-					// The last byte (the last transaction's lock time) changed:
-					// the transactions no longer match the header.
-					last := "00"
-					if raw[len(raw)-2:] == "00" {
-						last = "01"
-					}
-					a["result"], _ = json.Marshal(raw[:len(raw)-2] + last)
-				}
-			}
-			if batch {
-				out, _ = json.Marshal(answers)
-			} else {
-				out, _ = json.Marshal(answers[0])
-			}
-		}
-		w.Header().Set("Content-Type", res.Header.Get("Content-Type"))
-		w.WriteHeader(res.StatusCode)
-		_, _ = w.Write(out)
-		if len(hashes) > 0 {
-			f.mu.Lock()
-			f.reads = append(f.reads, auBlockRead{hashes: hashes, start: start, end: time.Now()})
-			f.mu.Unlock()
-		}
-	}))
-	t.Cleanup(f.Close)
-	return f
-}
-
-// take returns the raw block reads noted so far and forgets them.
-func (f *auBlockFront) take() []auBlockRead {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	out := f.reads
-	f.reads = nil
-	return out
-}
-
 // README, "Bitcoin": "up to 25 blocks a batch, 4 per request, each decoded
 // and let go before the next are read". A range of 12 blocks is read at
 // most 4 raw blocks a request, each request sent once the one before was
@@ -302,7 +176,7 @@ func TestRawBlocksDecodedBeforeTheNextAreRead(t *testing.T) {
 	node := btctest.New(t)
 	shop := shopAddress(t, 62)
 	e := envOn(t, node, "regtest", []string{shop}, nil)
-	front := newAUBlockFront(t, node)
+	front := newRPCLog(t, node)
 	e.network.RPCURLs = []string{front.URL}
 	src, err := bitcoin.NewSource(e.network, bitcoin.Credentials{User: node.Credentials.User, Pass: node.Credentials.Pass},
 		e.watch, testLog())
@@ -321,7 +195,7 @@ func TestRawBlocksDecodedBeforeTheNextAreRead(t *testing.T) {
 	if len(b.Transfers) != 12 {
 		t.Fatalf("%d payments found in 12 blocks, want 12", len(b.Transfers))
 	}
-	reads := front.take()
+	reads := front.takeBlockReads()
 	var widths []int
 	total := 0
 	for i, r := range reads {
@@ -349,7 +223,7 @@ func TestRawBlocksDecodedBeforeTheNextAreRead(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("block %d:", from+1)) || !strings.Contains(err.Error(), "merkle root") {
 		t.Fatalf("a scan with block %d altered on the way: %v, want it refused for its merkle root", from+1, err)
 	}
-	if reads := front.take(); len(reads) != 1 {
+	if reads := front.takeBlockReads(); len(reads) != 1 {
 		var asked []int
 		for _, r := range reads {
 			asked = append(asked, len(r.hashes))

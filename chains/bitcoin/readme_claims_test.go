@@ -49,16 +49,29 @@ func envOn(t *testing.T, node *btctest.Node, chain string, shared []string, give
 }
 
 // rpcLog is a JSON-RPC proxy in front of a node (plain HTTP to paywatch,
-// the node's TLS behind) that notes the calls of each request.
+// the node's TLS behind) that notes the calls of each request, when it came
+// and when it was answered; it can alter one raw block on the way.
 type rpcLog struct {
 	*httptest.Server
 	mu       sync.Mutex
-	requests [][]rpcCall
+	requests []rpcRequest
+	// corrupt is the hash of the block whose raw bytes are altered (its
+	// last transaction's lock time): its transactions no longer match its
+	// header.
+	corrupt string
 }
 
 type rpcCall struct {
+	ID     json.RawMessage   `json:"id"`
 	Method string            `json:"method"`
 	Params []json.RawMessage `json:"params"`
+}
+
+// rpcRequest is one HTTP request: its calls, when it came and when it was
+// answered.
+type rpcRequest struct {
+	calls      []rpcCall
+	start, end time.Time
 }
 
 func newRPCLog(t *testing.T, node *btctest.Node) *rpcLog {
@@ -72,41 +85,126 @@ func newRPCLog(t *testing.T, node *btctest.Node) *rpcLog {
 	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}}
 	l := &rpcLog{}
 	l.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		req := rpcRequest{start: time.Now()}
 		body, _ := io.ReadAll(r.Body)
-		var calls []rpcCall
-		if trimmed := bytes.TrimSpace(body); len(trimmed) > 0 && trimmed[0] == '[' {
-			_ = json.Unmarshal(trimmed, &calls)
+		trimmed := bytes.TrimSpace(body)
+		batch := len(trimmed) > 0 && trimmed[0] == '['
+		if batch {
+			_ = json.Unmarshal(trimmed, &req.calls)
 		} else {
 			var one rpcCall
 			_ = json.Unmarshal(trimmed, &one)
-			calls = []rpcCall{one}
+			req.calls = []rpcCall{one}
 		}
 		l.mu.Lock()
-		l.requests = append(l.requests, calls)
+		corrupt := l.corrupt
 		l.mu.Unlock()
-		req, _ := http.NewRequestWithContext(r.Context(), http.MethodPost, node.URL, bytes.NewReader(body))
-		req.Header = r.Header.Clone()
-		res, err := client.Do(req)
+		fwd, _ := http.NewRequestWithContext(r.Context(), http.MethodPost, node.URL, bytes.NewReader(body))
+		fwd.Header = r.Header.Clone()
+		res, err := client.Do(fwd)
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusBadGateway)
 			return
 		}
 		defer res.Body.Close()
+		out, _ := io.ReadAll(res.Body)
+		if corrupt != "" {
+			out = alterBlock(out, batch, req.calls, corrupt)
+		}
+		// Noted before the answer leaves: a caller that has its answer
+		// finds its request noted.
+		req.end = time.Now()
+		l.mu.Lock()
+		l.requests = append(l.requests, req)
+		l.mu.Unlock()
 		w.Header().Set("Content-Type", res.Header.Get("Content-Type"))
 		w.WriteHeader(res.StatusCode)
-		_, _ = io.Copy(w, res.Body)
+		_, _ = w.Write(out)
 	}))
 	t.Cleanup(l.Close)
 	return l
 }
 
-// take returns the requests noted so far and forgets them.
+// alterBlock changes the last byte of the raw block hash in the answers
+// out to calls.
+func alterBlock(out []byte, batch bool, calls []rpcCall, hash string) []byte {
+	alter := map[string]bool{}
+	for _, c := range calls {
+		var h string
+		if c.Method == "getblock" && len(c.Params) > 0 && json.Unmarshal(c.Params[0], &h) == nil && h == hash {
+			alter[string(c.ID)] = true
+		}
+	}
+	if len(alter) == 0 {
+		return out
+	}
+	var answers []map[string]json.RawMessage
+	if batch {
+		_ = json.Unmarshal(out, &answers)
+	} else {
+		var one map[string]json.RawMessage
+		_ = json.Unmarshal(out, &one)
+		answers = []map[string]json.RawMessage{one}
+	}
+	for _, a := range answers {
+		var raw string
+		if alter[string(a["id"])] && json.Unmarshal(a["result"], &raw) == nil && len(raw) > 2 {
+			last := "00"
+			if raw[len(raw)-2:] == "00" {
+				last = "01"
+			}
+			a["result"], _ = json.Marshal(raw[:len(raw)-2] + last)
+		}
+	}
+	if batch {
+		out, _ = json.Marshal(answers)
+	} else {
+		out, _ = json.Marshal(answers[0])
+	}
+	return out
+}
+
+// take returns the calls of the requests noted so far and forgets them.
 func (l *rpcLog) take() [][]rpcCall {
+	var out [][]rpcCall
+	for _, r := range l.takeRequests() {
+		out = append(out, r.calls)
+	}
+	return out
+}
+
+// takeRequests returns the requests noted so far and forgets them.
+func (l *rpcLog) takeRequests() []rpcRequest {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	out := l.requests
 	l.requests = nil
 	return out
+}
+
+// takeBlockReads returns the requests noted so far that read raw blocks,
+// with the hashes each read, and forgets them all.
+func (l *rpcLog) takeBlockReads() []blockRead {
+	var reads []blockRead
+	for _, r := range l.takeRequests() {
+		var hashes []string
+		for _, c := range r.calls {
+			var h string
+			if c.Method == "getblock" && len(c.Params) > 0 && json.Unmarshal(c.Params[0], &h) == nil {
+				hashes = append(hashes, h)
+			}
+		}
+		if len(hashes) > 0 {
+			reads = append(reads, blockRead{hashes: hashes, start: r.start, end: r.end})
+		}
+	}
+	return reads
+}
+
+// blockRead is one request reading raw blocks.
+type blockRead struct {
+	hashes     []string
+	start, end time.Time
 }
 
 // The README's claims about the Bitcoin watcher, on one btcd node.
