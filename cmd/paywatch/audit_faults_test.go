@@ -15,9 +15,6 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/paywatch/paywatch/cmd/paywatch/internal/config"
-	"github.com/paywatch/paywatch/migrations/pgtest"
 )
 
 // apMetrics scrapes the daemon at base and returns the exposition text.
@@ -42,7 +39,7 @@ var apScanErrors = regexp.MustCompile(`(?m)^paywatch_scan_errors_total\{kind="(\
 // connection, …)". serve, whose EVM node refuses connections, counts its
 // failed scan steps in /metrics under kind "connection".
 func TestScanErrorsAppearInMetricsByKind(t *testing.T) {
-	d := apDaemon(t) // ethereum's node: 127.0.0.1:9, where nothing listens
+	d := inProcessDaemon(t, slog.New(slog.NewTextHandler(io.Discard, nil))) // ethereum's node: 127.0.0.1:9, where nothing listens
 	ctx, stop := context.WithCancel(context.Background())
 	ran := make(chan error, 1)
 	go func() { ran <- d.Run(ctx) }()
@@ -61,33 +58,11 @@ func TestScanErrorsAppearInMetricsByKind(t *testing.T) {
 	t.Logf("%v", apScanErrors.FindAllString(text, -1))
 }
 
-// apDaemon builds serve's daemon in this process over a fresh database,
-// with the example configuration (nodes not running).
-func apDaemon(t *testing.T) *daemon {
-	t.Helper()
-	vars := map[string]string{}
-	for _, kv := range daemonEnv(pgtest.NewURL(t)) {
-		if k, v, ok := strings.Cut(kv, "="); ok {
-			vars[k] = v
-		}
-	}
-	cfg, err := config.Load(writeConfig(t), func(k string) string { return vars[k] })
-	if err != nil {
-		t.Fatal(err)
-	}
-	d, err := newDaemon(context.Background(), slog.New(slog.NewTextHandler(io.Discard, nil)), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(d.Close)
-	return d
-}
-
 // README: "Delivery starts within a second of the event (a PostgreSQL
 // notification wakes the sender; …)". serve's webhook sender listens for
 // notifications on the daemon's database.
 func TestServeWebhookSenderListensForNotifications(t *testing.T) {
-	d := apDaemon(t)
+	d := inProcessDaemon(t, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if d.sender == nil || d.sender.DSN == "" || d.sender.DSN != d.cfg.DatabaseURL {
 		t.Fatalf("serve's webhook sender listens on %q, want the daemon's database (%q)", func() string {
 			if d.sender == nil {
@@ -102,7 +77,7 @@ func TestServeWebhookSenderListensForNotifications(t *testing.T) {
 // stop while three long-polls wait on an unchanged order, answers each
 // (304) within a second, and stops cleanly.
 func TestServeAnswersWaitingLongPollsWithinASecondOfTheStop(t *testing.T) {
-	d := apDaemon(t)
+	d := inProcessDaemon(t, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
 	ran := make(chan error, 1)

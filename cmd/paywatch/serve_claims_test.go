@@ -22,12 +22,11 @@ import (
 	"github.com/paywatch/paywatch/migrations/pgtest"
 )
 
-// README: "SIGTERM or SIGINT drain in-flight requests (up to 30 s), stop
-// the watchers and exit 0." The bound is 30 s in the daemon serve builds;
-// with it set to 1 s here, a request that never finishes (its body never
-// comes) is cut when the bound is reached, and the daemon stops cleanly
-// instead of waiting for it.
-func TestShutdownDrainBoundedAt30s(t *testing.T) {
+// inProcessDaemon builds serve's daemon in this process over a fresh
+// database, with the example configuration (nodes not running), logging
+// to log; it is closed when the test ends.
+func inProcessDaemon(t *testing.T, log *slog.Logger) *daemon {
+	t.Helper()
 	vars := map[string]string{}
 	for _, kv := range daemonEnv(pgtest.NewURL(t)) {
 		if k, v, ok := strings.Cut(kv, "="); ok {
@@ -38,12 +37,22 @@ func TestShutdownDrainBoundedAt30s(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var logs syncBuffer
-	d, err := newDaemon(context.Background(), slog.New(slog.NewTextHandler(&logs, nil)), cfg)
+	d, err := newDaemon(context.Background(), log, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer d.Close()
+	t.Cleanup(d.Close)
+	return d
+}
+
+// README: "SIGTERM or SIGINT drain in-flight requests (up to 30 s), stop
+// the watchers and exit 0." The bound is 30 s in the daemon serve builds;
+// with it set to 1 s here, a request that never finishes (its body never
+// comes) is cut when the bound is reached, and the daemon stops cleanly
+// instead of waiting for it.
+func TestShutdownDrainBoundedAt30s(t *testing.T) {
+	var logs syncBuffer
+	d := inProcessDaemon(t, slog.New(slog.NewTextHandler(&logs, nil)))
 	if d.drainTimeout != 30*time.Second {
 		t.Fatalf("serve drains requests for up to %s at shutdown, README says 30 s", d.drainTimeout)
 	}
@@ -240,22 +249,8 @@ func TestDebugLevelLogsEachReconcilerPass(t *testing.T) {
 			t.Fatalf("PAYWATCH_LOG_LEVEL=%q logs debug lines (level %s), want info", level, logLevel(level))
 		}
 	}
-	vars := map[string]string{}
-	for _, kv := range daemonEnv(pgtest.NewURL(t)) {
-		if k, v, ok := strings.Cut(kv, "="); ok {
-			vars[k] = v
-		}
-	}
-	cfg, err := config.Load(writeConfig(t), func(k string) string { return vars[k] })
-	if err != nil {
-		t.Fatal(err)
-	}
 	var logs syncBuffer
-	d, err := newDaemon(context.Background(), slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: logLevel("debug")})), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
+	d := inProcessDaemon(t, slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: logLevel("debug")})))
 	ctx, stop := context.WithCancel(context.Background())
 	ran := make(chan error, 1)
 	go func() { ran <- d.Run(ctx) }()
