@@ -84,10 +84,11 @@ func newFixture(t testing.TB) *fixture {
 	return newFixtureWith(t, testConfig)
 }
 
-// newFixtureWith serves the API configured by doc over a fresh database.
-func newFixtureWith(t testing.TB, doc string) *fixture {
+// testStore parses the configuration doc with the test keys and returns it
+// with an order store over db that takes the smallest free unique amount
+// (for the assertions).
+func testStore(t testing.TB, db *sqlx.DB, doc string) (*config.Config, *orders.Store) {
 	t.Helper()
-	db := pgtest.New(t)
 	cfg, err := config.Parse([]byte(doc), func(k string) string {
 		return map[string]string{"DB": "unused", "SF_KEY": storefrontKey, "OP_KEY": operatorKey}[k]
 	})
@@ -99,7 +100,15 @@ func newFixtureWith(t testing.TB, doc string) *fixture {
 		t.Fatal(err)
 	}
 	store := orders.NewStore(db, cfg.Orders.MonitoringWindow, wallets)
-	store.Rand = func(int) int { return 0 } // the smallest free unique amount, for the assertions
+	store.Rand = func(int) int { return 0 }
+	return cfg, store
+}
+
+// newFixtureWith serves the API configured by doc over a fresh database.
+func newFixtureWith(t testing.TB, doc string) *fixture {
+	t.Helper()
+	db := pgtest.New(t)
+	cfg, store := testStore(t, db, doc)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	nudges := new(atomic.Int64)
 	var h http.Handler = api.New(cfg, api.Deps{Orders: store, Chains: scan.NewStore(db),

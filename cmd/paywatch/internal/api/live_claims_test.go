@@ -16,10 +16,8 @@ import (
 	"time"
 
 	"github.com/paywatch/paywatch"
-	"github.com/paywatch/paywatch/chains/bitcoin"
 	"github.com/paywatch/paywatch/chains/scan"
 	"github.com/paywatch/paywatch/cmd/paywatch/internal/api"
-	"github.com/paywatch/paywatch/cmd/paywatch/internal/config"
 	"github.com/paywatch/paywatch/migrations"
 	"github.com/paywatch/paywatch/migrations/pg"
 	"github.com/paywatch/paywatch/migrations/pgtest"
@@ -77,18 +75,7 @@ type liveFixture struct {
 func newLiveFixture(t *testing.T, validate bool) *liveFixture {
 	t.Helper()
 	db, dsn := pgtest.NewWithURL(t)
-	cfg, err := config.Parse([]byte(testConfig), func(k string) string {
-		return map[string]string{"DB": "unused", "SF_KEY": storefrontKey, "OP_KEY": operatorKey}[k]
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	wallets, err := bitcoin.NewWallets(cfg.Networks)
-	if err != nil {
-		t.Fatal(err)
-	}
-	st := orders.NewStore(db, cfg.Orders.MonitoringWindow, wallets)
-	st.Rand = func(int) int { return 0 }
+	cfg, st := testStore(t, db, testConfig)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
