@@ -139,11 +139,10 @@ func (s *Sender) Run(ctx context.Context) error {
 		wg       sync.WaitGroup
 		// cooling holds the orders whose last attempt could not be
 		// recorded (the database refused the write): the event is still
-		// due, and is not posted again before the time given, a poll
-		// interval after the first such failure, doubling with each
-		// failure in a row up to a minute (unrecorded counts them).
-		cooling    = map[string]time.Time{}
-		unrecorded = map[string]int{}
+		// due, and is not posted again before until, a poll interval after
+		// the first such failure, doubling with each failure in a row up
+		// to a minute.
+		cooling = map[string]cool{}
 		// housekept is when the sealing and giving up last ran: at most
 		// once per poll interval, not after every attempt.
 		housekept time.Time
@@ -157,11 +156,12 @@ func (s *Sender) Run(ctx context.Context) error {
 			for id := range busy {
 				skip = append(skip, id)
 			}
-			for id, until := range cooling {
-				if now.Before(until) {
+			for id, c := range cooling {
+				switch {
+				case now.Before(c.until):
 					skip = append(skip, id)
-				} else {
-					delete(cooling, id)
+				case now.Sub(c.until) > time.Minute:
+					delete(cooling, id) // not tried again since: given up, or delivered by another
 				}
 			}
 			housekeep := now.Sub(housekept) >= pollInterval
@@ -200,10 +200,10 @@ func (s *Sender) Run(ctx context.Context) error {
 			inFlight--
 			delete(busy, o.order)
 			if o.recorded {
-				delete(unrecorded, o.order)
+				delete(cooling, o.order)
 			} else {
-				unrecorded[o.order]++
-				cooling[o.order] = time.Now().Add(coolingDelay(unrecorded[o.order]))
+				n := cooling[o.order].failures + 1
+				cooling[o.order] = cool{until: time.Now().Add(coolingDelay(n)), failures: n}
 			}
 			fetch = true // the order's next event may be due now
 		case <-wake:
@@ -212,6 +212,13 @@ func (s *Sender) Run(ctx context.Context) error {
 			fetch = true
 		}
 	}
+}
+
+// cool is an order waiting after attempts in a row that could not be
+// recorded.
+type cool struct {
+	until    time.Time
+	failures int
 }
 
 // coolingDelay is how long an order waits after its n-th attempt in a
@@ -232,31 +239,6 @@ type event struct {
 	Body       string `db:"body"`
 	Attempts   int    `db:"attempts"`
 	Generation int    `db:"generation"`
-}
-
-// Round seals what is unsealed, gives up on events past their retry age
-// (one that waited behind an earlier event of its order all that time
-// too), and sends one batch of due events, Parallel at a time, waiting for
-// them all. It returns how many it attempted.
-func (s *Sender) Round(ctx context.Context) (int, error) {
-	due, err := s.due(ctx, s.now(), nil, true)
-	if err != nil && len(due) == 0 {
-		return 0, err
-	}
-	parallel := max(s.Parallel, 1)
-	sem := make(chan struct{}, parallel)
-	var wg sync.WaitGroup
-	errs := make([]error, len(due), len(due)+1)
-	for i, e := range due {
-		sem <- struct{}{}
-		wg.Add(1)
-		go func() {
-			defer func() { <-sem; wg.Done() }()
-			errs[i] = s.deliver(ctx, e)
-		}()
-	}
-	wg.Wait()
-	return len(due), errors.Join(append(errs, err)...)
 }
 
 // due returns up to a batch of due events; with housekeep it first seals
