@@ -41,7 +41,7 @@ type scanBench struct {
 // 2,000 token transfers to random addresses among 10,000 watched ones.
 func setupScanBench(b *testing.B) *scanBench {
 	{
-		c := evmtest.New(b)
+		c := evmtest.New(b, evmtest.IndexedLogs()) // as the node a shop runs
 		sb := &scanBench{chain: c, usdt: c.DeployToken("Tether USD", "USDT", 6)}
 		for i := 0; i < benchWatched; i++ {
 			var a common.Address

@@ -65,6 +65,12 @@ type Config struct {
 	// Pruned keeps only recent state, as most full nodes do: calls against
 	// blocks older than ~128 fail with "historical state is not available".
 	Pruned bool
+	// IndexLogs builds the node's log index, as a production node does.
+	// It is built in the background: a log query racing its update may
+	// fail ("failed to retrieve log value pointer"), as a lagging node's
+	// would. Off by default (go-ethereum's own default for this backend):
+	// logs are then searched block by block, which never races.
+	IndexLogs bool
 }
 
 // New starts a chain; Close stops it.
@@ -102,7 +108,7 @@ func New(cfg Config) (*Chain, error) {
 		if cfg.Pruned {
 			ec.NoPruning, ec.StateScheme = false, rawdb.PathScheme
 		}
-		ec.LogNoHistory = false // index logs as a real node does
+		ec.LogNoHistory = !cfg.IndexLogs
 	})
 	c.Client = c.Backend.Client()
 	c.URL = fmt.Sprintf("http://%s", net.JoinHostPort(host, fmt.Sprint(port)))

@@ -57,6 +57,12 @@ func Pruned() Option {
 	return func(c *devchain.Config) { c.Pruned = true }
 }
 
+// IndexedLogs builds the node's log index in the background, as a
+// production node does (see devchain.Config.IndexLogs).
+func IndexedLogs() Option {
+	return func(c *devchain.Config) { c.IndexLogs = true }
+}
+
 // New starts a simulated chain with funded accounts and an HTTP endpoint;
 // it keeps all historical state unless told otherwise, and stops when t
 // ends.
