@@ -3,6 +3,7 @@ package migrations_test
 import (
 	"context"
 	"database/sql"
+	"maps"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -71,23 +72,7 @@ func TestConcurrentUp(t *testing.T) {
 // those delivered stay delivered; nothing else changes.
 func TestUpgradeMarksOldUndeliveredWebhooksFailed(t *testing.T) {
 	ctx := context.Background()
-	dbURL, name := pgtest.UnusedURL(t)
-	admin, err := sql.Open("postgres", pgtest.ServerURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close()
-	if _, err := admin.Exec("CREATE DATABASE " + name); err != nil {
-		t.Fatal(err)
-	}
-	db, err := sql.Open("postgres", dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	if err := migrations.UpTo(ctx, db, 6); err != nil {
-		t.Fatal(err)
-	}
+	db := migratedTo(t, 6)
 	for _, q := range []string{
 		`INSERT INTO orders (id, external_id, request_hash, network, asset, asset_contract, amount, pay_amount, pay_address,
 			status, created_at, expires_at, monitor_until, updated_at, earliest_block_time)
@@ -120,4 +105,73 @@ func TestUpgradeMarksOldUndeliveredWebhooksFailed(t *testing.T) {
 	if got["evt_sent"][0] != "delivered" || got["evt_unsent"][0] != "failed" || !strings.Contains(got["evt_unsent"][1], "not sent on upgrade") {
 		t.Fatalf("after the upgrade: %v", got)
 	}
+}
+
+// An upgrade marks the orders that already have a transfer or a mempool
+// sighting (has_transfers, which a GET reads instead of probing both
+// tables), and only those.
+func TestUpgradeMarksOrdersThatHaveTransfers(t *testing.T) {
+	ctx := context.Background()
+	db := migratedTo(t, 9)
+	for _, q := range []string{
+		`INSERT INTO orders (id, external_id, request_hash, network, asset, asset_contract, amount, pay_amount, pay_address,
+			status, created_at, expires_at, monitor_until, updated_at, earliest_block_time)
+			SELECT id, id, '\x00', 'bitcoin', 'BTC', '', 1, 1, 'bc1q' || id, 'awaiting_payment', now(), now() + interval '1 hour',
+			now() + interval '2 hours', now(), now()
+			FROM unnest(ARRAY['ord_paid', 'ord_seen', 'ord_bare']) AS id`,
+		`INSERT INTO transfers (id, network, asset, asset_contract, tx_hash, tx_key, idx, to_address, amount, block_number,
+			block_hash, state, order_id, first_seen_at, updated_at)
+			VALUES ('trf_1', 'bitcoin', 'BTC', '', 'aa', 'vout:0', 0, 'bc1qord_paid', 1, 10, 'bb', 'seen', 'ord_paid', now(), now()),
+			       ('trf_2', 'bitcoin', 'BTC', '', 'ab', 'vout:0', 0, 'bc1qord_bare', 1, 10, 'bb', 'seen', NULL, now(), now())`,
+		`INSERT INTO mempool_transfers (id, network, asset, tx_hash, tx_key, idx, to_address, amount, order_id, first_seen_at, updated_at)
+			VALUES ('mtx_1', 'bitcoin', 'BTC', 'ac', 'vout:0', 0, 'bc1qord_seen', 1, 'ord_seen', now(), now())`,
+	} {
+		if _, err := db.Exec(q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := migrations.Up(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bool{}
+	rows, err := db.Query(`SELECT id, has_transfers FROM orders`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id string
+		var has bool
+		if err := rows.Scan(&id, &has); err != nil {
+			t.Fatal(err)
+		}
+		got[id] = has
+	}
+	if want := map[string]bool{"ord_paid": true, "ord_seen": true, "ord_bare": false}; !maps.Equal(got, want) {
+		t.Fatalf("after the upgrade, has_transfers is %v, want %v", got, want)
+	}
+}
+
+// migratedTo returns a fresh database migrated up to version, closed when
+// t ends.
+func migratedTo(t *testing.T, version int64) *sql.DB {
+	t.Helper()
+	dbURL, name := pgtest.UnusedURL(t)
+	admin, err := sql.Open("postgres", pgtest.ServerURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	if _, err := admin.Exec("CREATE DATABASE " + name); err != nil {
+		t.Fatal(err)
+	}
+	db, err := sql.Open("postgres", dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	if err := migrations.UpTo(context.Background(), db, version); err != nil {
+		t.Fatal(err)
+	}
+	return db
 }

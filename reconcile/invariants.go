@@ -62,6 +62,11 @@ var Invariants = []Invariant{
 	// nothing (it would count money the token may never have moved).
 	{"transfer confirmed before its balance check", `SELECT id FROM transfers
 		WHERE state = 'confirmed' AND 'balance_pending' = ANY (flags)`, nil},
+	// An order a transfer or a mempool sighting was ever tied to says so
+	// (a GET lists its transfers only then): a trigger sets it.
+	{"order with transfers not marked so", `SELECT o.id FROM orders o WHERE NOT o.has_transfers
+		AND (EXISTS (SELECT 1 FROM transfers t WHERE t.order_id = o.id)
+			OR EXISTS (SELECT 1 FROM mempool_transfers m WHERE m.order_id = o.id))`, nil},
 	// No two orders that could take the same payment (their lives, up to
 	// the end of their monitoring windows, overlap) share a pay amount on
 	// one address.

@@ -57,6 +57,8 @@ func TestEveryInvariantSeesItsViolation(t *testing.T) {
 		{"transfer confirmed before its balance check", []string{tr("t1", "20", "confirmed", "", "", false),
 			entry("1", "wallet:ethereum:0xshop", "suspense:ethereum:USDT"),
 			`UPDATE transfers SET flags = '{balance_pending}' WHERE id = 't1'`}},
+		{"order with transfers not marked so", []string{o("ord_c", "confirming", 1), tr("t1", "20", "seen", "ord_c", "amount", false),
+			`UPDATE orders SET has_transfers = false WHERE id = 'ord_c'`}},
 		{"orders that could take the same payment share a pay amount", []string{o("ord_1", "awaiting_payment", 1),
 			strings.Replace(o("ord_2", "expired", 2), "'2026-11-02 10:00Z', '2026-11-02 11:00Z'", "'2026-11-02 10:30Z', '2026-11-02 11:30Z'", 1)}},
 		{"wallet balance differs from confirmed transfers", []string{tr("t1", "20", "confirmed", "", "", false)}},

@@ -66,4 +66,22 @@ func TestGetListsExactlyTheOrdersTransfersWhateverItHolds(t *testing.T) {
 	check("a sighting whose transaction is recorded (not yet the order's)", bo)
 	pgtest.Exec(t, db, `UPDATE mempool_transfers SET left_at = now(), left_reason = 'mined' WHERE id = 'mtx_1'`)
 	check("a sighting gone", bo)
+
+	// Tied by an update, as the reconciler, a claim and an operator tie
+	// them: a transfer and a sighting recorded unmatched first.
+	uo, _, err := s.Create(ctx, req("u", btc, 200_000))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pgtest.Exec(t, db, `INSERT INTO transfers (id, network, asset, asset_contract, tx_hash, tx_key, idx, to_address,
+		amount, block_number, block_hash, state, first_seen_at, updated_at)
+		VALUES ('trf_3', 'bitcoin', 'BTC', '', 'c3', 'vout:0', 0, $1, 200000, 11, '0xbd', 'seen', now(), now())`, uo.PayAddress)
+	pgtest.Exec(t, db, `INSERT INTO mempool_transfers (id, network, asset, tx_hash, tx_key, idx, to_address, amount,
+		first_seen_at, updated_at)
+		VALUES ('mtx_2', 'bitcoin', 'BTC', 'c4', 'vout:0', 0, $1, 200000, now(), now())`, uo.PayAddress)
+	check("an unmatched transfer and sighting to its address", uo)
+	pgtest.Exec(t, db, `UPDATE mempool_transfers SET order_id = $1 WHERE id = 'mtx_2'`, uo.ID)
+	check("a sighting tied by an update", uo, "mtx_2")
+	pgtest.Exec(t, db, `UPDATE transfers SET order_id = $1 WHERE id = 'trf_3'`, uo.ID)
+	check("a transfer tied by an update", uo, "trf_3", "mtx_2")
 }

@@ -143,14 +143,12 @@ type orderHead struct {
 	HasTransfers bool `db:"has_transfers"`
 }
 
-// getOrderHeadSQL reads one order ($1) and whether transfersOf would list
-// anything for it: a transfer matched to it (in any state) or a mempool
-// sighting still in view. It may say so when transfersOf lists nothing (a
-// sighting already mined), never the other way round.
-var getOrderHeadSQL = `SELECT ` + orderColumns + `,
-	EXISTS (SELECT 1 FROM transfers t WHERE t.order_id = o.id)
-		OR EXISTS (SELECT 1 FROM mempool_transfers m WHERE m.order_id = o.id AND m.left_at IS NULL) AS has_transfers
-	FROM orders o WHERE o.id = $1`
+// getOrderHeadSQL reads one order ($1) and whether transfersOf may list
+// anything for it: whether a transfer or a mempool sighting was ever tied
+// to it (orders.has_transfers, which triggers set in the statement that
+// ties one). It may say so when transfersOf lists nothing (a payment
+// detached, a sighting already mined), never the other way round.
+var getOrderHeadSQL = `SELECT ` + orderColumns + `, o.has_transfers FROM orders o WHERE o.id = $1`
 
 type orderWithTransfers struct {
 	orderRow

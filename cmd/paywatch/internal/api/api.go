@@ -267,7 +267,14 @@ func (s *Server) logRequests(next http.Handler) http.Handler {
 			if r.URL.Path == "/healthz" || r.URL.Path == "/readyz" || r.URL.Path == "/metrics" {
 				return
 			}
-			s.log.Info("request", "method", r.Method, "path", r.URL.Path, "status", rec.status,
+			// A checkout page polls its order: successful reads are
+			// logged at debug level, everything else (writes, errors) at
+			// info.
+			level := slog.LevelInfo
+			if (r.Method == http.MethodGet || r.Method == http.MethodHead) && rec.status < 400 {
+				level = slog.LevelDebug
+			}
+			s.log.Log(r.Context(), level, "request", "method", r.Method, "path", r.URL.Path, "status", rec.status,
 				"duration", time.Since(start).Round(time.Microsecond))
 		}()
 		next.ServeHTTP(rec, r)

@@ -107,9 +107,15 @@ func testStore(t testing.TB, db *sqlx.DB, doc string) (*config.Config, *orders.S
 // newFixtureWith serves the API configured by doc over a fresh database.
 func newFixtureWith(t testing.TB, doc string) *fixture {
 	t.Helper()
+	return newFixtureLogged(t, doc, slog.New(slog.NewTextHandler(io.Discard, nil)))
+}
+
+// newFixtureLogged serves the API configured by doc over a fresh database,
+// logging to log.
+func newFixtureLogged(t testing.TB, doc string, log *slog.Logger) *fixture {
+	t.Helper()
 	db := pgtest.New(t)
 	cfg, store := testStore(t, db, doc)
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	nudges := new(atomic.Int64)
 	var h http.Handler = api.New(cfg, api.Deps{Orders: store, Chains: scan.NewStore(db),
 		Operator: reconcile.NewOperator(db), Ledger: ledger.NewBook(db), Webhooks: outbox.NewStore(db),
