@@ -846,6 +846,47 @@ func TestReconcilerRefusesAMoveTheLifecycleTableDoesNotHold(t *testing.T) {
 	f.expect(marked, paywatch.StatusDisputed, paywatch.ReasonNoPaymentFound)
 }
 
+// README: "a batch that fails writes nothing and holds back only its own
+// orders". With one order a batch, a move the lifecycle refuses fails its
+// batch, and the pass reports it; the other order's batch, whether it comes
+// before or after, moves it in the same pass.
+func TestAFailingBatchHoldsBackOnlyItsOwnOrders(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	f.rec.Batch = 1
+	var due, marked []*paywatch.Order
+	for range 3 {
+		due = append(due, f.order(usdt, int64(10_000_000+len(due))))
+		m := f.order(usdt, int64(20_000_000+len(marked)))
+		if _, err := f.store.MarkPaid(ctx, m.ID, "", "shop"); err != nil {
+			t.Fatal(err)
+		}
+		marked = append(marked, m)
+	}
+	f.clock.Advance(grace + time.Minute) // due to expire; marked paid, past paid_grace
+
+	table := paywatch.Lifecycle
+	t.Cleanup(func() { paywatch.Lifecycle = table })
+	paywatch.Lifecycle = slices.DeleteFunc(slices.Clone(table), func(tr paywatch.Transition) bool {
+		return tr.From == paywatch.StatusAwaitingPayment && tr.To == paywatch.StatusExpired
+	})
+	_, err := f.rec.Pass(ctx)
+	if err == nil || !strings.Contains(err.Error(), "which the lifecycle does not allow") {
+		t.Fatalf("the pass returned %v, want the refused move reported", err)
+	}
+	for _, o := range due {
+		f.expect(o, paywatch.StatusAwaitingPayment, "")
+	}
+	for _, o := range marked {
+		f.expect(o, paywatch.StatusDisputed, paywatch.ReasonNoPaymentFound)
+	}
+	paywatch.Lifecycle = table
+	f.pass()
+	for _, o := range due {
+		f.expect(o, paywatch.StatusExpired, "")
+	}
+}
+
 // README: "The tests also check, after each pass, that every order is where
 // `paywatch.Decide` puts it (`Reconciler.CheckDecisions`)": it reports
 // every order whose status is not what its facts call for, and nothing on

@@ -66,30 +66,96 @@ func (f *factsRow) facts(now time.Time, grace time.Duration) (paywatch.Facts, er
 // transitions decides the candidates in batches of r.Batch, walking them by
 // id, and applies each batch in one transaction: status changes with their
 // events and webhooks, settlements and their reversals, refund adjustments.
+//
+// Two batches are in flight at once: as soon as a batch has read (and
+// locked) its candidates, the next one starts reading the orders after its
+// last, while it applies its own. Their orders are disjoint (each walks ids
+// above the one before), so neither waits for the other, and a pass of
+// thousands of orders keeps two database sessions busy instead of one.
+//
+// A batch that fails writes nothing and holds back only its own orders
+// (their reviews stay queued for the next pass): the walk goes on past
+// them, and the pass reports the first failure.
 func (r *Reconciler) transitions(ctx context.Context, now time.Time) (int64, error) {
 	var total int64
+	var failed error
+	var applying <-chan batchDone // the batch before, still applying
+	finish := func() {
+		if applying == nil {
+			return
+		}
+		d := <-applying
+		applying = nil
+		total += d.n
+		if d.err != nil && failed == nil {
+			failed = d.err
+		}
+	}
 	after := ""
 	for {
+		read, done := r.startBatch(ctx, now, after)
+		rd := <-read
+		finish()
+		applying = done
+		if rd.err != nil || rd.count < r.Batch {
+			finish()
+			break
+		}
+		after = rd.last
+	}
+	if failed != nil {
+		return total, fmt.Errorf("move orders: %w", failed)
+	}
+	return total, nil
+}
+
+// batchRead says what a batch of transitions read: how many candidates,
+// the last one's id, or why it could not.
+type batchRead struct {
+	count int
+	last  string
+	err   error
+}
+
+// batchDone says how many orders a batch moved, or why it failed (nothing
+// of it is then written).
+type batchDone struct {
+	n   int64
+	err error
+}
+
+// startBatch runs one batch of transitions after id after in a transaction
+// of its own: read says when its candidates are read and locked, done when
+// it has committed or failed. Each channel gets exactly one value.
+func (r *Reconciler) startBatch(ctx context.Context, now time.Time, after string) (<-chan batchRead, <-chan batchDone) {
+	read, done := make(chan batchRead, 1), make(chan batchDone, 1)
+	go func() {
 		var n int64
-		var rows []factsRow
+		sent := false
 		err := r.Sealer.SealTx(ctx, r.db, func(tx *sqlx.Tx) error {
-			rows = rows[:0]
+			var rows []factsRow
 			if err := tx.SelectContext(ctx, &rows, transitionCandidates, now, r.PaidGrace.Seconds(), after, r.Batch); err != nil {
 				return fmt.Errorf("read candidates: %w", err)
 			}
+			rd := batchRead{count: len(rows)}
+			if len(rows) > 0 {
+				rd.last = rows[len(rows)-1].ID
+			}
+			read <- rd
+			sent = true
 			var err error
 			n, err = r.decide(ctx, tx, now, rows)
 			return err
 		})
+		if !sent {
+			read <- batchRead{err: err}
+		}
 		if err != nil {
-			return total, fmt.Errorf("move orders: %w", err)
+			n = 0
 		}
-		total += n
-		if len(rows) < r.Batch {
-			return total, nil
-		}
-		after = rows[len(rows)-1].ID
-	}
+		done <- batchDone{n: n, err: err}
+	}()
+	return read, done
 }
 
 // decide applies paywatch.Decide to locked candidates inside tx.
