@@ -846,10 +846,11 @@ func TestReconcilerRefusesAMoveTheLifecycleTableDoesNotHold(t *testing.T) {
 	f.expect(marked, paywatch.StatusDisputed, paywatch.ReasonNoPaymentFound)
 }
 
-// README: "a batch that fails writes nothing and holds back only its own
-// orders". With one order a batch, a move the lifecycle refuses fails its
-// batch, and the pass reports it; the other order's batch, whether it comes
-// before or after, moves it in the same pass.
+// README: "a batch that fails writes nothing and holds back its own orders
+// ... the pass goes on past them and reports the failure". With one order
+// a batch, each move the lifecycle refuses fails its batch, and the pass
+// reports them all; the other orders' batches, before or after, move them
+// in the same pass.
 func TestAFailingBatchHoldsBackOnlyItsOwnOrders(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
@@ -871,8 +872,11 @@ func TestAFailingBatchHoldsBackOnlyItsOwnOrders(t *testing.T) {
 		return tr.From == paywatch.StatusAwaitingPayment && tr.To == paywatch.StatusExpired
 	})
 	_, err := f.rec.Pass(ctx)
-	if err == nil || !strings.Contains(err.Error(), "which the lifecycle does not allow") {
-		t.Fatalf("the pass returned %v, want the refused move reported", err)
+	for _, o := range due {
+		want := fmt.Sprintf("order %s: decided awaiting_payment/ → expired/, which the lifecycle does not allow", o.ID)
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Fatalf("the pass returned %v, want an error saying %q", err, want)
+		}
 	}
 	for _, o := range due {
 		f.expect(o, paywatch.StatusAwaitingPayment, "")

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/jmoiron/sqlx"
+	"github.com/lib/pq"
 )
 
 // Payments seen in a mempool (mempool_transfers, written by the Bitcoin
@@ -60,15 +61,15 @@ WITH ended AS (
 )
 SELECT count(*) FROM gone`
 
-// matchMempool ties each open sighting with exactly one candidate order to
-// it: an order awaiting payment or confirming, created before the sighting
-// and expiring after it, whose address it pays (and, on a shared address,
-// whose exact pay amount it is); never dust, and never to an order that
-// has had MaxWithdrawals ($2) payments withdrawn (its timeline's
+// mempoolCandidates pairs each open sighting with its candidate orders
+// (mid, oid): an order awaiting payment or confirming, created before the
+// sighting and expiring after it, whose address it pays (and, on a shared
+// address, whose exact pay amount it is); never dust, and never an order
+// that has had MaxWithdrawals ($2) payments withdrawn (its timeline's
 // payment_withdrawn: replacing a payment back and forth does not move an
 // order for ever), unless it replaces one of the order's own sightings (a
-// fee bump). The order's timeline says a payment was detected.
-const matchMempool = `
+// fee bump). Only sightings with exactly one candidate are kept.
+const mempoolCandidates = `
 WITH cand AS (
 	SELECT m.id AS mid, min(o.id) AS oid
 	FROM mempool_transfers m
@@ -80,9 +81,21 @@ WITH cand AS (
 			OR EXISTS (SELECT 1 FROM mempool_transfers p WHERE p.order_id = o.id AND p.network = m.network
 				AND p.replaced_by = m.tx_hash))
 	GROUP BY m.id HAVING count(*) = 1
-), matched AS (
+)`
+
+// lockMempoolOrders locks, by id, the orders matchMempool would tie
+// sightings to: orders are locked before what is tied to them, here as
+// everywhere (tying a sighting marks its order has_transfers).
+const lockMempoolOrders = mempoolCandidates + `
+SELECT o.id FROM orders o WHERE o.id IN (SELECT oid FROM cand) AND $1::timestamptz IS NOT NULL
+ORDER BY o.id FOR NO KEY UPDATE`
+
+// matchMempool ties each open sighting with exactly one candidate order,
+// among the orders locked ($3), to it. The order's timeline says a payment
+// was detected.
+const matchMempool = mempoolCandidates + `, matched AS (
 	UPDATE mempool_transfers m SET order_id = cand.oid, dirty = true, updated_at = $1
-	FROM cand WHERE m.id = cand.mid AND m.order_id IS NULL
+	FROM cand WHERE m.id = cand.mid AND cand.oid = ANY($3::text[]) AND m.order_id IS NULL
 	RETURNING m.order_id, m.tx_hash, m.idx, m.amount
 ), ev AS (
 	INSERT INTO order_events (order_id, at, type, actor, detail)
@@ -107,8 +120,14 @@ func (r *Reconciler) mempool(ctx context.Context, now time.Time) (int64, error) 
 		// Matching first: a replacement is tied to its order before the
 		// sighting it replaced ends, so that a fee bump reads as one.
 		var resolved, matched int64
-		if err := tx.GetContext(ctx, &matched, matchMempool, now, MaxWithdrawals); err != nil {
+		var locked []string
+		if err := tx.SelectContext(ctx, &locked, lockMempoolOrders, now, MaxWithdrawals); err != nil {
 			return err
+		}
+		if len(locked) > 0 {
+			if err := tx.GetContext(ctx, &matched, matchMempool, now, MaxWithdrawals, pq.Array(locked)); err != nil {
+				return err
+			}
 		}
 		if err := tx.GetContext(ctx, &resolved, resolveMempool, now, DroppedAfter.Seconds()); err != nil {
 			return err

@@ -252,3 +252,46 @@ func TestBitcoinClaimWithoutTxindexFoundWhenTheScannerReachesItsBlock(t *testing
 		t.Fatalf("the claim is %s once the scanner reached its block, want linked", s)
 	}
 }
+
+// Orders are locked before what is tied to them, by id, here as
+// everywhere: tying a mempool sighting marks its order (has_transfers), so
+// the mempool step locks the orders first. A transaction holding the lower
+// order and then taking the higher one, while a pass ties a sighting to
+// each, never deadlocks with it; both go through.
+func TestMempoolMatchLocksOrdersByIDBeforeTyingSightings(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	lo, hi := f.order(btc, 100_000), f.order(btc, 200_000)
+	if hi.ID < lo.ID {
+		lo, hi = hi, lo
+	}
+	f.clock.Advance(time.Second)
+	f.sight(hi, hi.PayAddress, hi.PayAmount.Int64(), "c-hi")
+	f.sight(lo, lo.PayAddress, lo.PayAmount.Int64(), "c-lo")
+	other, err := f.db.BeginTxx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Rollback()
+	if _, err := other.Exec(`SET LOCAL deadlock_timeout = '100ms'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.Exec(`SELECT 1 FROM orders WHERE id = $1 FOR NO KEY UPDATE`, lo.ID); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { _, err := f.rec.Pass(ctx); done <- err }()
+	f.waitForLockWait() // the pass waits for lo
+	if _, err := other.Exec(`SELECT 1 FROM orders WHERE id = $1 FOR NO KEY UPDATE`, hi.ID); err != nil {
+		t.Fatalf("the other transaction, taking the higher order after the lower: %v", err)
+	}
+	if err := other.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("the pass: %v", err)
+	}
+	for _, o := range []*paywatch.Order{lo, hi} {
+		f.expect(o, paywatch.StatusConfirming, "")
+	}
+}

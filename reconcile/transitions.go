@@ -75,7 +75,7 @@ func (f *factsRow) facts(now time.Time, grace time.Duration) (paywatch.Facts, er
 //
 // A batch that fails writes nothing and holds back only its own orders
 // (their reviews stay queued for the next pass): the walk goes on past
-// them, and the pass reports the first failure.
+// them, and the pass reports every failure.
 func (r *Reconciler) transitions(ctx context.Context, now time.Time) (int64, error) {
 	var total int64
 	var failed error
@@ -87,9 +87,7 @@ func (r *Reconciler) transitions(ctx context.Context, now time.Time) (int64, err
 		d := <-applying
 		applying = nil
 		total += d.n
-		if d.err != nil && failed == nil {
-			failed = d.err
-		}
+		failed = errors.Join(failed, d.err)
 	}
 	after := ""
 	for {

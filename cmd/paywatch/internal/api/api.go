@@ -255,10 +255,31 @@ func (r *statusRecorder) WriteHeader(code int) {
 	r.ResponseWriter.WriteHeader(code)
 }
 
+// requestLog is what a request's log line says beyond its method, path,
+// status and duration: the key that made it, and whether it is a routine
+// read a checkout page repeats (logged at debug level when it succeeds).
+type requestLog struct {
+	key     string
+	routine bool
+}
+
+type requestLogKey struct{}
+
+// logEntry returns the log entry of r's line (nil outside logRequests).
+func logEntry(r *http.Request) *requestLog {
+	l, _ := r.Context().Value(requestLogKey{}).(*requestLog)
+	return l
+}
+
+// logRequests logs a line per request: at info level, except a routine
+// read that succeeded (a storefront reading one order, which a checkout
+// page polls), which is at debug level.
 func (s *Server) logRequests(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
+		entry := &requestLog{}
+		r = r.WithContext(context.WithValue(r.Context(), requestLogKey{}, entry))
 		defer func() {
 			if p := recover(); p != nil {
 				s.log.Error("handler panicked", "method", r.Method, "path", r.URL.Path, "panic", p)
@@ -267,15 +288,12 @@ func (s *Server) logRequests(next http.Handler) http.Handler {
 			if r.URL.Path == "/healthz" || r.URL.Path == "/readyz" || r.URL.Path == "/metrics" {
 				return
 			}
-			// A checkout page polls its order: successful reads are
-			// logged at debug level, everything else (writes, errors) at
-			// info.
 			level := slog.LevelInfo
-			if (r.Method == http.MethodGet || r.Method == http.MethodHead) && rec.status < 400 {
+			if entry.routine && rec.status < 400 {
 				level = slog.LevelDebug
 			}
 			s.log.Log(r.Context(), level, "request", "method", r.Method, "path", r.URL.Path, "status", rec.status,
-				"duration", time.Since(start).Round(time.Microsecond))
+				"key", entry.key, "duration", time.Since(start).Round(time.Microsecond))
 		}()
 		next.ServeHTTP(rec, r)
 	})

@@ -68,6 +68,9 @@ func (s *Server) authorize(need config.Role, h handlerFunc) http.Handler {
 			writeError(w, paywatch.Errorf(paywatch.CodeUnauthorized, "unknown API key"), 0)
 			return
 		}
+		if l := logEntry(r); l != nil {
+			l.key = caller.Name
+		}
 		if !allowed(caller.Role, need) {
 			writeError(w, paywatch.Errorf(paywatch.CodeForbidden, "key %q has role %s; this endpoint needs %s", caller.Name, caller.Role, need), 0)
 			return

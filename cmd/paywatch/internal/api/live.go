@@ -64,7 +64,10 @@ func matches(header, etag string) bool {
 // the current version. With ?wait=D (at most MaxWait) it holds the request
 // until the order differs from the If-None-Match version (or, without one,
 // from its state when the request arrived), then answers at once.
-func (s *Server) getOrder(w http.ResponseWriter, r *http.Request, _ *config.APIKey) error {
+func (s *Server) getOrder(w http.ResponseWriter, r *http.Request, caller *config.APIKey) error {
+	if l := logEntry(r); l != nil && caller.Role == config.RoleStorefront {
+		l.routine = true // what a checkout page polls
+	}
 	q, _, err := query(r, "wait")
 	if err != nil {
 		return err

@@ -34,27 +34,41 @@ func (l *lines) requests() []string {
 	return out
 }
 
-// README: "Every request that writes or fails is logged"; PAYWATCH_LOG_LEVEL
-// "debug adds a line per successful read".
-// At info level, a request that writes and one that fails are logged, a
-// successful read (a checkout page polling its order) is not; at debug
-// level it is.
-func TestRequestLinesAtInfoForWritesAndErrorsAtDebugForSuccessfulReads(t *testing.T) {
+// README: "Every request is logged (method, path, status, the key that
+// made it, duration) at info level, but a storefront's successful read of
+// one order"; PAYWATCH_LOG_LEVEL "debug adds a line per such read". At
+// info level, a write, a failure, a list and an operator's read are
+// logged, with the key's name; a storefront's successful read of one order
+// (what a checkout page polls) is not. At debug level it is.
+func TestRequestLinesAtInfoButAStorefrontsReadOfOneOrder(t *testing.T) {
 	info := &lines{}
 	f := newFixtureLogged(t, testConfig, slog.New(slog.NewTextHandler(info, &slog.HandlerOptions{Level: slog.LevelInfo})))
 	var o orderJSON
 	f.do("POST", "/v1/orders", storefrontKey, `{"external_id":"log-1","network":"ethereum","asset":"USDT","amount":"1"}`).decode(t, &o)
-	if r := f.do("GET", "/v1/orders/"+o.ID, storefrontKey, ""); r.status != 200 {
-		t.Fatalf("GET: %d", r.status)
+	for _, c := range []struct {
+		key, path string
+		status    int
+	}{
+		{storefrontKey, "/v1/orders/" + o.ID, 200},
+		{storefrontKey, "/v1/orders/ord_missing", 404},
+		{storefrontKey, "/v1/orders", 200},
+		{operatorKey, "/v1/orders/" + o.ID, 200},
+		{"sf_not_a_key", "/v1/orders/" + o.ID, 401},
+	} {
+		if r := f.do("GET", c.path, c.key, ""); r.status != c.status {
+			t.Fatalf("GET %s: %d, want %d", c.path, r.status, c.status)
+		}
 	}
-	if r := f.do("GET", "/v1/orders/ord_missing", storefrontKey, ""); r.status != 404 {
-		t.Fatalf("GET of a missing order: %d", r.status)
-	}
-	want := []string{"method=POST path=/v1/orders status=201", "method=GET path=/v1/orders/ord_missing status=404"}
-	waitForLines(t, info, want)
+	waitForLines(t, info, []string{
+		"method=POST path=/v1/orders status=201 key=shop",
+		"method=GET path=/v1/orders/ord_missing status=404 key=shop",
+		"method=GET path=/v1/orders status=200 key=shop",
+		"method=GET path=/v1/orders/" + o.ID + " status=200 key=alice",
+		"method=GET path=/v1/orders/" + o.ID + " status=401 key=\"\"",
+	})
 	for _, line := range info.requests() {
-		if strings.Contains(line, "path=/v1/orders/"+o.ID) {
-			t.Fatalf("a successful read was logged at info level: %s", line)
+		if strings.Contains(line, "path=/v1/orders/"+o.ID+" status=200 key=shop") {
+			t.Fatalf("a storefront's successful read of one order was logged at info level: %s", line)
 		}
 	}
 
@@ -62,7 +76,7 @@ func TestRequestLinesAtInfoForWritesAndErrorsAtDebugForSuccessfulReads(t *testin
 	f = newFixtureLogged(t, testConfig, slog.New(slog.NewTextHandler(debug, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	f.do("POST", "/v1/orders", storefrontKey, `{"external_id":"log-2","network":"ethereum","asset":"USDT","amount":"1"}`).decode(t, &o)
 	f.do("GET", "/v1/orders/"+o.ID, storefrontKey, "")
-	waitForLines(t, debug, []string{"level=DEBUG msg=request method=GET path=/v1/orders/" + o.ID + " status=200"})
+	waitForLines(t, debug, []string{"level=DEBUG msg=request method=GET path=/v1/orders/" + o.ID + " status=200 key=shop"})
 }
 
 // waitForLines waits up to a second until every wanted fragment is in a
