@@ -831,13 +831,18 @@ func TestReconcilerRefusesAMoveTheLifecycleTableDoesNotHold(t *testing.T) {
 		t.Fatalf("the pass returned %v, want an error saying %q", err, want)
 	}
 	f.expect(due, paywatch.StatusAwaitingPayment, "")
-	f.expect(marked, paywatch.StatusAwaitingPayment, "") // the allowed move of the same batch is not made either
-	var moved, hooks int
-	if err := f.db.Get(&moved, `SELECT count(*) FROM order_events WHERE type = 'status_changed'`); err != nil || moved != 0 {
-		t.Fatalf("%d status changes recorded (%v), want none", moved, err)
+	// The allowed move of the same batch is made, the batch's orders tried
+	// again one by one.
+	f.expect(marked, paywatch.StatusDisputed, paywatch.ReasonNoPaymentFound)
+	var moved []string
+	if err := f.db.Select(&moved, `SELECT order_id FROM order_events WHERE type = 'status_changed'`); err != nil ||
+		len(moved) != 1 || moved[0] != marked.ID {
+		t.Fatalf("status changes recorded for %v (%v), want only %s's", moved, err, marked.ID)
 	}
-	if err := f.db.Get(&hooks, `SELECT count(*) FROM webhook_outbox WHERE type IN ('order.expired', 'order.disputed')`); err != nil || hooks != 0 {
-		t.Fatalf("%d webhooks of moves enqueued (%v), want none", hooks, err)
+	var hooks []string
+	if err := f.db.Select(&hooks, `SELECT order_id || ' ' || type FROM webhook_outbox WHERE type IN ('order.expired', 'order.disputed')`); err != nil ||
+		len(hooks) != 1 || hooks[0] != marked.ID+" order.disputed" {
+		t.Fatalf("webhooks of moves enqueued: %v (%v), want only %s's order.disputed", hooks, err, marked.ID)
 	}
 
 	paywatch.Lifecycle = table
@@ -846,11 +851,11 @@ func TestReconcilerRefusesAMoveTheLifecycleTableDoesNotHold(t *testing.T) {
 	f.expect(marked, paywatch.StatusDisputed, paywatch.ReasonNoPaymentFound)
 }
 
-// README: "a batch that fails writes nothing and holds back its own orders
-// ... the pass goes on past them and reports the failure". With one order
-// a batch, each move the lifecycle refuses fails its batch, and the pass
-// reports them all; the other orders' batches, before or after, move them
-// in the same pass.
+// README: "a batch that fails writes nothing; its orders are tried again
+// one a transaction ... the pass goes on past them and reports every
+// failure". With one order a batch, each move the lifecycle refuses fails
+// its batch, and the pass reports them all; the other orders' batches,
+// before or after, move them in the same pass.
 func TestAFailingBatchHoldsBackOnlyItsOwnOrders(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
@@ -888,6 +893,30 @@ func TestAFailingBatchHoldsBackOnlyItsOwnOrders(t *testing.T) {
 	f.pass()
 	for _, o := range due {
 		f.expect(o, paywatch.StatusExpired, "")
+	}
+}
+
+// README: "after 10 orders of a batch fail alone, the rest of the batch
+// waits for the next pass". Twelve orders whose moves are refused, in one
+// batch: ten are reported, each with its own failure, and the pass ends.
+func TestAFailedBatchTriesAtMostTenOrdersThatFailAlone(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	for i := range 12 {
+		f.order(usdt, int64(10_000_000+i)) // due to expire: its move is refused
+	}
+	f.clock.Advance(grace + time.Minute)
+	table := paywatch.Lifecycle
+	t.Cleanup(func() { paywatch.Lifecycle = table })
+	paywatch.Lifecycle = slices.DeleteFunc(slices.Clone(table), func(tr paywatch.Transition) bool {
+		return tr.From == paywatch.StatusAwaitingPayment && tr.To == paywatch.StatusExpired
+	})
+	_, err := f.rec.Pass(ctx)
+	if err == nil {
+		t.Fatal("the pass reported no failure")
+	}
+	if n := strings.Count(err.Error(), "which the lifecycle does not allow"); n != 10 {
+		t.Fatalf("the pass reported %d refused moves, want 10:\n%v", n, err)
 	}
 }
 

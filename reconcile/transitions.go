@@ -73,9 +73,11 @@ func (f *factsRow) facts(now time.Time, grace time.Duration) (paywatch.Facts, er
 // above the one before), so neither waits for the other, and a pass of
 // thousands of orders keeps two database sessions busy instead of one.
 //
-// A batch that fails writes nothing and holds back only its own orders
-// (their reviews stay queued for the next pass): the walk goes on past
-// them, and the pass reports every failure.
+// A batch that fails writes nothing. When it had read its candidates, its
+// orders are tried again one a transaction, so that one order whose move
+// fails holds back no other (after maxAloneFailures such orders, the rest
+// of the batch waits for the next pass). The walk goes on past them, and
+// the pass reports every failure.
 func (r *Reconciler) transitions(ctx context.Context, now time.Time) (int64, error) {
 	var total int64
 	var failed error
@@ -87,11 +89,19 @@ func (r *Reconciler) transitions(ctx context.Context, now time.Time) (int64, err
 		d := <-applying
 		applying = nil
 		total += d.n
+		if d.err != nil && d.count > 1 {
+			// Its orders one by one: the batch after (orders above its
+			// last) may be in flight meanwhile.
+			n, err := r.alone(ctx, now, d.after, d.count)
+			total += n
+			failed = errors.Join(failed, err)
+			return
+		}
 		failed = errors.Join(failed, d.err)
 	}
 	after := ""
 	for {
-		read, done := r.startBatch(ctx, now, after)
+		read, done := r.startBatch(ctx, now, after, r.Batch)
 		rd := <-read
 		finish()
 		applying = done
@@ -107,6 +117,35 @@ func (r *Reconciler) transitions(ctx context.Context, now time.Time) (int64, err
 	return total, nil
 }
 
+// maxAloneFailures bounds the orders of a failed batch that are tried
+// alone and fail again: as many failing at once point to a cause that is
+// not theirs (the database, a bug), and the rest wait for the next pass.
+const maxAloneFailures = 10
+
+// alone moves the next count candidates after id after (what a failed
+// batch read), one a transaction; it returns how many moved and every
+// order's failure.
+func (r *Reconciler) alone(ctx context.Context, now time.Time, after string, count int) (int64, error) {
+	var total int64
+	var failed []error
+	for range count {
+		if len(failed) == maxAloneFailures {
+			break
+		}
+		read, done := r.startBatch(ctx, now, after, 1)
+		rd, d := <-read, <-done
+		total += d.n
+		if d.err != nil {
+			failed = append(failed, d.err)
+		}
+		if rd.err != nil || rd.count == 0 {
+			break
+		}
+		after = rd.last
+	}
+	return total, errors.Join(failed...)
+}
+
 // batchRead says what a batch of transitions read: how many candidates,
 // the last one's id, or why it could not.
 type batchRead struct {
@@ -116,26 +155,31 @@ type batchRead struct {
 }
 
 // batchDone says how many orders a batch moved, or why it failed (nothing
-// of it is then written).
+// of it is then written); with what it read (count candidates after id
+// after).
 type batchDone struct {
-	n   int64
-	err error
+	n     int64
+	err   error
+	count int
+	after string
 }
 
-// startBatch runs one batch of transitions after id after in a transaction
-// of its own: read says when its candidates are read and locked, done when
-// it has committed or failed. Each channel gets exactly one value.
-func (r *Reconciler) startBatch(ctx context.Context, now time.Time, after string) (<-chan batchRead, <-chan batchDone) {
+// startBatch runs a batch of up to limit transitions after id after in a
+// transaction of its own: read says when its candidates are read and
+// locked, done when it has committed or failed. Each channel gets exactly
+// one value.
+func (r *Reconciler) startBatch(ctx context.Context, now time.Time, after string, limit int) (<-chan batchRead, <-chan batchDone) {
 	read, done := make(chan batchRead, 1), make(chan batchDone, 1)
 	go func() {
 		var n int64
+		var rd batchRead
 		sent := false
 		err := r.Sealer.SealTx(ctx, r.db, func(tx *sqlx.Tx) error {
 			var rows []factsRow
-			if err := tx.SelectContext(ctx, &rows, transitionCandidates, now, r.PaidGrace.Seconds(), after, r.Batch); err != nil {
+			if err := tx.SelectContext(ctx, &rows, transitionCandidates, now, r.PaidGrace.Seconds(), after, limit); err != nil {
 				return fmt.Errorf("read candidates: %w", err)
 			}
-			rd := batchRead{count: len(rows)}
+			rd = batchRead{count: len(rows)}
 			if len(rows) > 0 {
 				rd.last = rows[len(rows)-1].ID
 			}
@@ -151,7 +195,7 @@ func (r *Reconciler) startBatch(ctx context.Context, now time.Time, after string
 		if err != nil {
 			n = 0
 		}
-		done <- batchDone{n: n, err: err}
+		done <- batchDone{n: n, err: err, count: rd.count, after: after}
 	}()
 	return read, done
 }
