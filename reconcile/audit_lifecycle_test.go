@@ -831,8 +831,8 @@ func TestReconcilerRefusesAMoveTheLifecycleTableDoesNotHold(t *testing.T) {
 		t.Fatalf("the pass returned %v, want an error saying %q", err, want)
 	}
 	f.expect(due, paywatch.StatusAwaitingPayment, "")
-	// The allowed move of the same batch is made, the batch's orders tried
-	// again one by one.
+	// The allowed move of the same batch is made, the batch tried again in
+	// halves.
 	f.expect(marked, paywatch.StatusDisputed, paywatch.ReasonNoPaymentFound)
 	var moved []string
 	if err := f.db.Select(&moved, `SELECT order_id FROM order_events WHERE type = 'status_changed'`); err != nil ||
@@ -851,11 +851,11 @@ func TestReconcilerRefusesAMoveTheLifecycleTableDoesNotHold(t *testing.T) {
 	f.expect(marked, paywatch.StatusDisputed, paywatch.ReasonNoPaymentFound)
 }
 
-// README: "a batch that fails writes nothing; its orders are tried again
-// one a transaction ... the pass goes on past them and reports every
-// failure". With one order a batch, each move the lifecycle refuses fails
-// its batch, and the pass reports them all; the other orders' batches,
-// before or after, move them in the same pass.
+// README: "a batch that fails writes nothing; ... the walk goes on past
+// them, and the pass reports the orders that failed alone". With one order
+// a batch, each move the lifecycle refuses fails its batch, and the pass
+// reports them all; the other orders' batches, before or after, move them
+// in the same pass.
 func TestAFailingBatchHoldsBackOnlyItsOwnOrders(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
@@ -896,14 +896,25 @@ func TestAFailingBatchHoldsBackOnlyItsOwnOrders(t *testing.T) {
 	}
 }
 
-// README: "after 10 orders of a batch fail alone, the rest of the batch
-// waits for the next pass". Twelve orders whose moves are refused, in one
-// batch: ten are reported, each with its own failure, and the pass ends.
-func TestAFailedBatchTriesAtMostTenOrdersThatFailAlone(t *testing.T) {
+// README: "they are tried again in halves ... down to single orders: one
+// order whose move fails holds back no other"; "the pass reports the
+// orders that failed alone (the first 10, and how many more)". Twelve
+// orders whose moves are refused and six whose moves are allowed, in one
+// batch: the six move in the same pass, and the pass reports ten refusals
+// and two more.
+func TestAFailedBatchIsTriedAgainInHalvesDownToSingleOrders(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
+	var marked []*paywatch.Order
 	for i := range 12 {
 		f.order(usdt, int64(10_000_000+i)) // due to expire: its move is refused
+		if i%2 == 0 {
+			m := f.order(usdt, int64(20_000_000+i))
+			if _, err := f.store.MarkPaid(ctx, m.ID, "", "shop"); err != nil {
+				t.Fatal(err)
+			}
+			marked = append(marked, m)
+		}
 	}
 	f.clock.Advance(grace + time.Minute)
 	table := paywatch.Lifecycle
@@ -915,8 +926,11 @@ func TestAFailedBatchTriesAtMostTenOrdersThatFailAlone(t *testing.T) {
 	if err == nil {
 		t.Fatal("the pass reported no failure")
 	}
-	if n := strings.Count(err.Error(), "which the lifecycle does not allow"); n != 10 {
-		t.Fatalf("the pass reported %d refused moves, want 10:\n%v", n, err)
+	if n := strings.Count(err.Error(), "which the lifecycle does not allow"); n != 10 || !strings.HasSuffix(err.Error(), "and 2 more") {
+		t.Fatalf("the pass reported %d refused moves, want 10 and 2 more:\n%v", n, err)
+	}
+	for _, o := range marked {
+		f.expect(o, paywatch.StatusDisputed, paywatch.ReasonNoPaymentFound)
 	}
 }
 

@@ -245,3 +245,28 @@ func TestMempoolReopenedSightingKeepsTheCap(t *testing.T) {
 		t.Fatalf("a sighting seen again moved the order %d times, want %d", moves, reconcile.MaxWithdrawals)
 	}
 }
+
+// README: "Mempool sightings stand apart from the transfers: when the step
+// that follows them fails, the rest of the pass goes on and reports it."
+// Here the database refuses to tie a sighting; the rest of the pass goes on — another order's confirmed payment settles it — and the
+// pass reports the failure.
+func TestAFailingMempoolStepHoldsBackNoPayment(t *testing.T) {
+	f := newFixture(t)
+	paid := f.order(usdt, 1_234_000_000)
+	f.pay(payment{asset: usdt, to: shop, amount: 1_234_000_000, state: "confirmed"})
+	seen := f.order(btc, 100_000)
+	f.clock.Advance(time.Second)
+	f.sight(seen, seen.PayAddress, seen.PayAmount.Int64(), "c-seen")
+	pgtest.Exec(t, f.db, `CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN RAISE EXCEPTION 'sightings refused'; END $$`)
+	pgtest.Exec(t, f.db, `CREATE TRIGGER refuse BEFORE UPDATE ON mempool_transfers FOR EACH ROW EXECUTE FUNCTION refuse()`)
+	_, err := f.rec.Pass(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "sightings refused") {
+		t.Fatalf("the pass returned %v, want the mempool step's failure", err)
+	}
+	f.expect(paid, paywatch.StatusSettled, "")
+	f.expect(seen, paywatch.StatusAwaitingPayment, "")
+	pgtest.Exec(t, f.db, `DROP TRIGGER refuse ON mempool_transfers`)
+	f.pass()
+	f.expect(seen, paywatch.StatusConfirming, "")
+}

@@ -18,6 +18,7 @@ package reconcile
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -125,28 +126,32 @@ const maxRounds = 4
 // pass's budget of claims (followHints).
 func (r *Reconciler) round(ctx context.Context, now time.Time, claims *claimBudget) (Result, error) {
 	var res Result
-	var err error
-	if res.Mempool, err = r.mempool(ctx, now); err != nil {
-		return res, err
+	// Mempool sightings stand apart from the transfers: a failure there
+	// (a deadlock with the Bitcoin watcher, say) holds back no payment.
+	// The rest of the round goes on, and the round reports it.
+	var err, sightings error
+	if res.Mempool, sightings = r.mempool(ctx, now); sightings != nil {
+		r.log.Warn("mempool step failed; the rest of the pass goes on", "err", sightings)
 	}
+	fail := func(err error) (Result, error) { return res, errors.Join(sightings, err) }
 	if res.Ambiguous, err = r.flagAmbiguous(ctx, now); err != nil {
-		return res, fmt.Errorf("flag ambiguous transfers: %w", err)
+		return fail(fmt.Errorf("flag ambiguous transfers: %w", err))
 	}
 	if res.Matched, err = r.match(ctx, now); err != nil {
-		return res, fmt.Errorf("match transfers: %w", err)
+		return fail(fmt.Errorf("match transfers: %w", err))
 	}
 	linked, decided, err := r.followHints(ctx, now, claims)
 	if err != nil {
-		return res, fmt.Errorf("check tx hash claims: %w", err)
+		return fail(fmt.Errorf("check tx hash claims: %w", err))
 	}
 	res.Matched += linked
 	res.Claims = decided
 	if res.Entries, err = r.postLedger(ctx, now); err != nil {
-		return res, err
+		return fail(err)
 	}
 	n, err := r.transitions(ctx, now)
 	res.Transitions = n
-	return res, err
+	return fail(err)
 }
 
 // PostLedger brings the ledger up to date with the transfers: reversals of

@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -497,5 +498,89 @@ func TestHintFloodNeitherStallsNorStarves(t *testing.T) {
 	_ = f.db.Get(&linked, `SELECT EXISTS (SELECT 1 FROM transfers WHERE tx_hash = $1 AND order_id = $2)`, tx, o.ID)
 	if !linked {
 		t.Fatal("the honest claim did not link in the first pass")
+	}
+}
+
+// Orders are locked by id, the scanner's too: a scan commit notes the
+// height of orders created before the network's first commit, and takes
+// their locks in id order. A pass holding the lowest of three orders and
+// waiting for the middle one (held by a storefront), and a scan commit that
+// must note the lowest and the highest, both go through once the storefront
+// lets go: neither holds what the other waits for.
+func TestScanCommitLocksOrdersWithoutAHeightByID(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	var os []*paywatch.Order
+	for i := range 3 {
+		os = append(os, f.order(btc, int64(100_000*(i+1))))
+	}
+	slices.SortFunc(os, func(a, b *paywatch.Order) int { return strings.Compare(a.ID, b.ID) })
+	lo, mid, hi := os[0], os[1], os[2]
+	f.clock.Advance(time.Second)
+	for i, o := range os {
+		f.sight(o, o.PayAddress, o.PayAmount.Int64(), fmt.Sprintf("c-%d", i))
+	}
+	// No height yet, the highest order's row version first in the table.
+	pgtest.Exec(t, f.db, `UPDATE orders SET created_height = NULL WHERE id = $1`, hi.ID)
+	pgtest.Exec(t, f.db, `UPDATE orders SET created_height = NULL WHERE id = $1`, lo.ID)
+	var prev struct {
+		Number *int64  `db:"block_number"`
+		Hash   *string `db:"block_hash"`
+		Head   *int64  `db:"head"`
+	}
+	if err := f.db.Get(&prev, `SELECT block_number, block_hash, head FROM chain_cursors WHERE network = 'bitcoin'`); err != nil {
+		t.Fatal(err)
+	}
+	commit := scan.Commit{Network: "bitcoin", Batch: &scan.Batch{}, Head: scan.Head{Number: 100}, Window: 128}
+	next := uint64(1)
+	if prev.Number != nil {
+		commit.Prev = &scan.Block{Number: uint64(*prev.Number), Hash: *prev.Hash}
+		next = uint64(*prev.Number) + 1
+	}
+	commit.First, commit.Cursor = next, &scan.Block{Number: next, Hash: "0xnext"}
+
+	holder, err := f.db.BeginTxx(ctx, nil) // a storefront's action on the middle order
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Rollback()
+	if _, err := holder.Exec(`SET LOCAL deadlock_timeout = '100ms'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := holder.Exec(`SELECT 1 FROM orders WHERE id = $1 FOR NO KEY UPDATE`, mid.ID); err != nil {
+		t.Fatal(err)
+	}
+	pass := make(chan error, 1)
+	go func() { _, err := f.rec.Pass(ctx); pass <- err }()
+	f.waitForLockWait() // the pass holds the lowest, waits for the middle
+	scanned := make(chan error, 1)
+	go func() { _, err := scan.NewStore(f.db).Commit(ctx, commit); scanned <- err }()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		var waiting int
+		if err := f.db.Get(&waiting, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'`); err != nil {
+			t.Fatal(err)
+		}
+		if waiting >= 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the scan commit did not wait for an order")
+		}
+	}
+	if err := holder.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-pass; err != nil {
+		t.Fatalf("the pass: %v", err)
+	}
+	if err := <-scanned; err != nil {
+		t.Fatalf("the scan commit: %v", err)
+	}
+	for _, o := range []*paywatch.Order{lo, hi} {
+		var h *int64
+		if err := f.db.Get(&h, `SELECT created_height FROM orders WHERE id = $1`, o.ID); err != nil || h == nil {
+			t.Fatalf("order %s: created_height %v (%v), want noted by the scan commit", o.ID, h, err)
+		}
 	}
 }

@@ -73,14 +73,15 @@ func (f *factsRow) facts(now time.Time, grace time.Duration) (paywatch.Facts, er
 // above the one before), so neither waits for the other, and a pass of
 // thousands of orders keeps two database sessions busy instead of one.
 //
-// A batch that fails writes nothing. When it had read its candidates, its
-// orders are tried again one a transaction, so that one order whose move
-// fails holds back no other (after maxAloneFailures such orders, the rest
-// of the batch waits for the next pass). The walk goes on past them, and
-// the pass reports every failure.
+// A batch that fails writes nothing. When it had read its candidates, they
+// are tried again in halves, each half in a transaction of its own, down
+// to single orders: one order whose move fails holds back no other, and
+// the others still move in batches. The walk goes on past them, and the
+// pass reports the orders that failed alone (the first maxReported, and
+// how many more).
 func (r *Reconciler) transitions(ctx context.Context, now time.Time) (int64, error) {
 	var total int64
-	var failed error
+	var failed []error
 	var applying <-chan batchDone // the batch before, still applying
 	finish := func() {
 		if applying == nil {
@@ -90,14 +91,17 @@ func (r *Reconciler) transitions(ctx context.Context, now time.Time) (int64, err
 		applying = nil
 		total += d.n
 		if d.err != nil && d.count > 1 {
-			// Its orders one by one: the batch after (orders above its
-			// last) may be in flight meanwhile.
-			n, err := r.alone(ctx, now, d.after, d.count)
+			// In halves; the batch after (orders above its last) may be in
+			// flight meanwhile.
+			r.log.Warn("a batch of transitions failed; trying its orders again in halves", "orders", d.count, "err", d.err)
+			n, _, errs, _ := r.halves(ctx, now, d.after, d.count)
 			total += n
-			failed = errors.Join(failed, err)
+			failed = append(failed, errs...)
 			return
 		}
-		failed = errors.Join(failed, d.err)
+		if d.err != nil {
+			failed = append(failed, d.err)
+		}
 	}
 	after := ""
 	for {
@@ -111,39 +115,50 @@ func (r *Reconciler) transitions(ctx context.Context, now time.Time) (int64, err
 		}
 		after = rd.last
 	}
-	if failed != nil {
-		return total, fmt.Errorf("move orders: %w", failed)
+	if len(failed) == 0 {
+		return total, nil
 	}
-	return total, nil
+	err := errors.Join(failed[:min(len(failed), maxReported)]...)
+	if len(failed) > maxReported {
+		err = fmt.Errorf("%w\nand %d more", err, len(failed)-maxReported)
+	}
+	return total, fmt.Errorf("move orders: %w", err)
 }
 
-// maxAloneFailures bounds the orders of a failed batch that are tried
-// alone and fail again: as many failing at once point to a cause that is
-// not theirs (the database, a bug), and the rest wait for the next pass.
-const maxAloneFailures = 10
+// maxReported bounds the failures a pass's error lists.
+const maxReported = 10
 
-// alone moves the next count candidates after id after (what a failed
-// batch read), one a transaction; it returns how many moved and every
-// order's failure.
-func (r *Reconciler) alone(ctx context.Context, now time.Time, after string, count int) (int64, error) {
-	var total int64
-	var failed []error
-	for range count {
-		if len(failed) == maxAloneFailures {
-			break
-		}
-		read, done := r.startBatch(ctx, now, after, 1)
-		rd, d := <-read, <-done
-		total += d.n
-		if d.err != nil {
-			failed = append(failed, d.err)
-		}
-		if rd.err != nil || rd.count == 0 {
-			break
-		}
-		after = rd.last
+// halves moves the next count candidates after id after (what a failed
+// batch read) as two batches. See try.
+func (r *Reconciler) halves(ctx context.Context, now time.Time, after string, count int) (moved int64, reached string, failed []error, stopped bool) {
+	first := count / 2
+	n1, reached, failed, stopped := r.try(ctx, now, after, first)
+	if stopped {
+		return n1, reached, failed, true
 	}
-	return total, errors.Join(failed...)
+	n2, reached, failed2, stopped := r.try(ctx, now, reached, count-first)
+	return n1 + n2, reached, append(failed, failed2...), stopped
+}
+
+// try moves the next count candidates after id after in one transaction
+// and, should that fail, in halves (down to single orders). It returns how
+// many moved, the id it reached, the failures of single orders, and
+// whether it stopped because candidates could not be read (the database,
+// the context): the rest is then left for the next pass.
+func (r *Reconciler) try(ctx context.Context, now time.Time, after string, count int) (int64, string, []error, bool) {
+	read, done := r.startBatch(ctx, now, after, count)
+	rd, d := <-read, <-done
+	switch {
+	case rd.err != nil:
+		return 0, after, []error{rd.err}, true
+	case rd.count == 0:
+		return 0, after, nil, false
+	case d.err == nil:
+		return d.n, rd.last, nil, false
+	case rd.count == 1:
+		return 0, rd.last, []error{d.err}, false
+	}
+	return r.halves(ctx, now, after, rd.count)
 }
 
 // batchRead says what a batch of transitions read: how many candidates,

@@ -155,7 +155,7 @@ func (s *Store) Commit(ctx context.Context, c Commit) (orphaned int, err error) 
 		// and the cursor as this commit finds them, so that no block mined
 		// before it existed can pay it. The partial index on orders without
 		// a height makes this a probe. (Orders are locked before transfers,
-		// here as everywhere.)
+		// and by id, here as everywhere.)
 		if c.Batch != nil {
 			height := int64(c.First) - 1
 			if cur.Number != nil {
@@ -164,7 +164,9 @@ func (s *Store) Commit(ctx context.Context, c Commit) (orphaned int, err error) 
 			if cur.Head != nil && *cur.Head > height && cur.Number != nil {
 				height = *cur.Head
 			}
-			if _, err := tx.ExecContext(ctx, `UPDATE orders SET created_height = $2 WHERE network = $1 AND created_height IS NULL`,
+			if _, err := tx.ExecContext(ctx, `UPDATE orders SET created_height = $2 WHERE id IN (
+					SELECT id FROM orders WHERE network = $1 AND created_height IS NULL ORDER BY id FOR NO KEY UPDATE)
+				AND created_height IS NULL`,
 				c.Network, height); err != nil {
 				return fmt.Errorf("note the height of new orders: %w", err)
 			}
