@@ -597,18 +597,7 @@ func TestAttackMatchLocksATransferBeforeItsOrders(t *testing.T) {
 	}
 	ta := f.pay(payment{asset: usdt, to: shop, amount: lo.PayAmount.Int64()}) // read first, pays the first order locked
 	f.pay(payment{asset: usdt, to: shop, amount: hi.PayAmount.Int64()})
-	op, err := f.db.BeginTxx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer op.Rollback()
-	if _, err := op.Exec(`SET LOCAL deadlock_timeout = '100ms'`); err != nil {
-		t.Fatal(err)
-	}
-	// An operator's action, step 1: lock its order (hi).
-	if _, err := op.Exec(`SELECT 1 FROM orders WHERE id = $1 FOR NO KEY UPDATE`, hi.ID); err != nil {
-		t.Fatal(err)
-	}
+	op := f.holdOrder(hi.ID) // an operator's action, step 1: lock its order (hi)
 	done := make(chan error, 1)
 	go func() { _, err := f.rec.Pass(ctx); done <- err }()
 	f.waitForLockWait()

@@ -268,17 +268,7 @@ func TestMempoolMatchLocksOrdersByIDBeforeTyingSightings(t *testing.T) {
 	f.clock.Advance(time.Second)
 	f.sight(hi, hi.PayAddress, hi.PayAmount.Int64(), "c-hi")
 	f.sight(lo, lo.PayAddress, lo.PayAmount.Int64(), "c-lo")
-	other, err := f.db.BeginTxx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer other.Rollback()
-	if _, err := other.Exec(`SET LOCAL deadlock_timeout = '100ms'`); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := other.Exec(`SELECT 1 FROM orders WHERE id = $1 FOR NO KEY UPDATE`, lo.ID); err != nil {
-		t.Fatal(err)
-	}
+	other := f.holdOrder(lo.ID)
 	done := make(chan error, 1)
 	go func() { _, err := f.rec.Pass(ctx); done <- err }()
 	f.waitForLockWait() // the pass waits for lo

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
 
 	"github.com/paywatch/paywatch"
@@ -362,17 +363,43 @@ func TestResolveWaitsForConfirmations(t *testing.T) {
 // and fails the test when none does within 10 s.
 func (f *fixture) waitForLockWait() {
 	f.t.Helper()
+	f.waitForLockWaits(1)
+}
+
+// waitForLockWaits waits until n sessions of this database wait on locks,
+// and fails the test when they do not within 10 s.
+func (f *fixture) waitForLockWaits(n int) {
+	f.t.Helper()
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
 		var waiting int
 		if err := f.db.Get(&waiting, `SELECT count(*) FROM pg_stat_activity
 			WHERE datname = current_database() AND wait_event_type = 'Lock'`); err != nil {
 			f.t.Fatal(err)
 		}
-		if waiting > 0 {
+		if waiting >= n {
 			return
 		}
 	}
-	f.t.Fatal("nothing waited on a lock within 10 s")
+	f.t.Fatalf("fewer than %d sessions waited on a lock within 10 s", n)
+}
+
+// holdOrder begins a transaction that holds the order's row lock, as an
+// action on it (a cancel, an attach) does, and detects deadlocks after
+// 100 ms; it is rolled back when the test ends unless committed first.
+func (f *fixture) holdOrder(id string) *sqlx.Tx {
+	f.t.Helper()
+	tx, err := f.db.BeginTxx(context.Background(), nil)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	f.t.Cleanup(func() { _ = tx.Rollback() })
+	if _, err := tx.Exec(`SET LOCAL deadlock_timeout = '100ms'`); err != nil {
+		f.t.Fatal(err)
+	}
+	if _, err := tx.Exec(`SELECT 1 FROM orders WHERE id = $1 FOR NO KEY UPDATE`, id); err != nil {
+		f.t.Fatal(err)
+	}
+	return tx
 }
 
 // Item 5: a cancel in flight and a match: the match must see the cancel.
@@ -420,17 +447,7 @@ func TestAttachAndHintTakeLocksInOneOrder(t *testing.T) {
 	o := f.order(usdt, 5_000_000)
 	tr := f.pay(payment{asset: usdt, to: shop, amount: 4_000_000})
 	// The hint follower's transaction: the order, then the transfer.
-	tx, err := f.db.BeginTxx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback()
-	if _, err := tx.Exec(`SET LOCAL deadlock_timeout = '100ms'`); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.Exec(`SELECT 1 FROM orders WHERE id = $1 FOR NO KEY UPDATE`, o.ID); err != nil {
-		t.Fatal(err)
-	}
+	tx := f.holdOrder(o.ID)
 	done := make(chan struct{})
 	var attachErr error
 	go func() {
@@ -539,35 +556,13 @@ func TestScanCommitLocksOrdersWithoutAHeightByID(t *testing.T) {
 	}
 	commit.First, commit.Cursor = next, &scan.Block{Number: next, Hash: "0xnext"}
 
-	holder, err := f.db.BeginTxx(ctx, nil) // a storefront's action on the middle order
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer holder.Rollback()
-	if _, err := holder.Exec(`SET LOCAL deadlock_timeout = '100ms'`); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := holder.Exec(`SELECT 1 FROM orders WHERE id = $1 FOR NO KEY UPDATE`, mid.ID); err != nil {
-		t.Fatal(err)
-	}
+	holder := f.holdOrder(mid.ID) // a storefront's action on the middle order
 	pass := make(chan error, 1)
 	go func() { _, err := f.rec.Pass(ctx); pass <- err }()
 	f.waitForLockWait() // the pass holds the lowest, waits for the middle
 	scanned := make(chan error, 1)
 	go func() { _, err := scan.NewStore(f.db).Commit(ctx, commit); scanned <- err }()
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		var waiting int
-		if err := f.db.Get(&waiting, `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock'`); err != nil {
-			t.Fatal(err)
-		}
-		if waiting >= 2 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the scan commit did not wait for an order")
-		}
-	}
+	f.waitForLockWaits(2) // and the scan commit waits too
 	if err := holder.Commit(); err != nil {
 		t.Fatal(err)
 	}
