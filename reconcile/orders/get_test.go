@@ -2,10 +2,12 @@ package orders_test
 
 import (
 	"context"
+	"reflect"
 	"testing"
 
 	"github.com/paywatch/paywatch"
 	"github.com/paywatch/paywatch/migrations/pgtest"
+	"github.com/paywatch/paywatch/reconcile/orders"
 )
 
 // Get reads an order with no transfer by a lighter statement and one with
@@ -84,4 +86,41 @@ func TestGetListsExactlyTheOrdersTransfersWhateverItHolds(t *testing.T) {
 	check("a sighting tied by an update", uo, "mtx_2")
 	pgtest.Exec(t, db, `UPDATE transfers SET order_id = $1 WHERE id = 'trf_3'`, uo.ID)
 	check("a transfer tied by an update", uo, "trf_3", "mtx_2")
+}
+
+// Get reads an order with nothing to list by position (no mapping by
+// name): every field comes back as List, which maps by name, reads it,
+// each set to a value no other field has.
+func TestGetReadsEveryFieldAsListDoes(t *testing.T) {
+	db := pgtest.New(t)
+	s, _ := newStore(t, db)
+	ctx := context.Background()
+	o, _, err := s.Create(ctx, req("every-field", usdt, 1_000_000))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pgtest.Exec(t, db, `UPDATE orders SET status = 'disputed', dispute_reason = 'underpaid',
+		customer_marked_paid_at = created_at + interval '1 minute', settled_at = created_at + interval '2 minutes',
+		expires_at = created_at + interval '3 minutes', monitor_until = created_at + interval '4 minutes',
+		tx_hash_hint = '0xhint', metadata = '{"cart": 7}' WHERE id = $1`, o.ID)
+	got, err := s.Get(ctx, o.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	list, _, err := s.List(ctx, orders.Filter{ExternalID: "every-field", Limit: 10})
+	if err != nil || len(list) != 1 {
+		t.Fatalf("list: %v (%v)", list, err)
+	}
+	want := list[0]
+	if len(got.Transfers) != 0 || len(want.Transfers) != 0 {
+		t.Fatalf("transfers listed: %v and %v", got.Transfers, want.Transfers)
+	}
+	got.Transfers, want.Transfers = nil, nil
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("Get read\n%+v\nList read\n%+v", *got, *want)
+	}
+	if got.CustomerMarkedPaidAt == nil || got.SettledAt == nil || got.TxHashHint == "" || len(got.Metadata) == 0 ||
+		got.ExpiresAt.Equal(got.MonitorUntil) {
+		t.Fatalf("a field was not read: %+v", *got)
+	}
 }

@@ -2,7 +2,9 @@ package orders
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/big"
 	"time"
@@ -98,15 +100,14 @@ func (s *Store) Get(ctx context.Context, id string) (*paywatch.Order, error) {
 	if err != nil {
 		return getOrder(ctx, s.db, id)
 	}
-	var heads []orderHead
-	if err := bare.SelectContext(ctx, &heads, id); err != nil {
-		return nil, fmt.Errorf("read order %s: %w", id, err)
-	}
-	if len(heads) == 1 && !heads[0].HasTransfers {
-		return orderFrom([]orderWithTransfers{{orderRow: heads[0].orderRow, Transfers: "[]"}}, id)
-	}
-	if len(heads) == 0 {
+	var head orderHead
+	switch err := head.scan(bare.QueryRowContext(ctx, id)); {
+	case errors.Is(err, sql.ErrNoRows):
 		return nil, paywatch.Errorf(paywatch.CodeNotFound, "no order %q", id)
+	case err != nil:
+		return nil, fmt.Errorf("read order %s: %w", id, err)
+	case !head.HasTransfers:
+		return orderFrom([]orderWithTransfers{{orderRow: head.orderRow, Transfers: "[]"}}, id)
 	}
 	var rows []orderWithTransfers
 	if err := full.SelectContext(ctx, &rows, id); err != nil {
@@ -140,7 +141,17 @@ func (s *Store) getStatements(ctx context.Context) (bare, full *sqlx.Stmt, err e
 // (getOrderHeadSQL).
 type orderHead struct {
 	orderRow
-	HasTransfers bool `db:"has_transfers"`
+	HasTransfers bool
+}
+
+// scan reads getOrderHeadSQL's row: the columns of orderColumns, in their
+// order, then has_transfers. (A checkout page polls this read; scanning
+// by position spares it sqlx's mapping by name.)
+func (h *orderHead) scan(row *sql.Row) error {
+	o := &h.orderRow
+	return row.Scan(&o.ID, &o.ExternalID, &o.Network, &o.Asset, &o.AssetContract, &o.Amount, &o.PayAmount,
+		&o.PayAddress, &o.Status, &o.DisputeReason, &o.CustomerMarkedPaidAt, &o.TxHashHint, &o.Metadata,
+		&o.CreatedAt, &o.ExpiresAt, &o.MonitorUntil, &o.SettledAt, &h.HasTransfers)
 }
 
 // getOrderHeadSQL reads one order ($1) and whether transfersOf may list

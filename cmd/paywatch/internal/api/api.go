@@ -248,6 +248,7 @@ func (s *Server) probePing(ctx context.Context) error {
 type statusRecorder struct {
 	http.ResponseWriter
 	status int
+	entry  requestLog
 }
 
 func (r *statusRecorder) WriteHeader(code int) {
@@ -263,12 +264,13 @@ type requestLog struct {
 	routine bool
 }
 
-type requestLogKey struct{}
-
-// logEntry returns the log entry of r's line (nil outside logRequests).
-func logEntry(r *http.Request) *requestLog {
-	l, _ := r.Context().Value(requestLogKey{}).(*requestLog)
-	return l
+// logEntry returns the log entry of the line of the request w answers
+// (nil outside logRequests).
+func logEntry(w http.ResponseWriter) *requestLog {
+	if rec, ok := w.(*statusRecorder); ok {
+		return &rec.entry
+	}
+	return nil
 }
 
 // logRequests logs a line per request: at info level, except a routine
@@ -278,8 +280,7 @@ func (s *Server) logRequests(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
-		entry := &requestLog{}
-		r = r.WithContext(context.WithValue(r.Context(), requestLogKey{}, entry))
+		entry := &rec.entry
 		defer func() {
 			if p := recover(); p != nil {
 				s.log.Error("handler panicked", "method", r.Method, "path", r.URL.Path, "panic", p)

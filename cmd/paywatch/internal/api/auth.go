@@ -68,7 +68,7 @@ func (s *Server) authorize(need config.Role, h handlerFunc) http.Handler {
 			writeError(w, paywatch.Errorf(paywatch.CodeUnauthorized, "unknown API key"), 0)
 			return
 		}
-		if l := logEntry(r); l != nil {
+		if l := logEntry(w); l != nil {
 			l.key = caller.Name
 		}
 		if !allowed(caller.Role, need) {

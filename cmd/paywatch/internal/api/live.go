@@ -65,7 +65,7 @@ func matches(header, etag string) bool {
 // until the order differs from the If-None-Match version (or, without one,
 // from its state when the request arrived), then answers at once.
 func (s *Server) getOrder(w http.ResponseWriter, r *http.Request, caller *config.APIKey) error {
-	if l := logEntry(r); l != nil && caller.Role == config.RoleStorefront {
+	if l := logEntry(w); l != nil && caller.Role == config.RoleStorefront {
 		l.routine = true // what a checkout page polls
 	}
 	q, _, err := query(r, "wait")
