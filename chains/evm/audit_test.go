@@ -59,14 +59,15 @@ func (l *auLog) String() string {
 	return l.b.String()
 }
 
-// "While one batch commits the next is read": with every commit slowed
-// down in the database (the cursor's update waits 300 ms), the request
-// reading each next range reaches the node after the previous range was
-// read and before that range's commit has returned.
+// "While one batch commits the next two are read, at once ... none further
+// ahead": with every commit slowed down in the database (the cursor's
+// update waits 300 ms), the requests reading the two ranges after each
+// batch reach the node before that batch's commit has returned, and the
+// range after those only once it has.
 func TestNextBatchIsReadWhileOneCommits(t *testing.T) {
 	e := newEnv(t)
 	e.withoutNative()
-	const ranges, width = 4, 10
+	const ranges, width = 5, 10
 	e.network.StartBlock = e.chain.Head() + 1
 	e.chain.Mine(ranges * width)
 	front := newRPCFront(t, e.chain.URL)
@@ -93,18 +94,23 @@ func TestNextBatchIsReadWhileOneCommits(t *testing.T) {
 	if len(committed) != ranges || len(reads) != ranges {
 		t.Fatalf("%d batches committed, %d ranges read; want %d of %d blocks", len(committed), len(reads), ranges, width)
 	}
-	for k := 0; k < ranges-1; k++ {
-		from := e.network.StartBlock + uint64(k*width)
-		this, next := reads[from], reads[from+width]
-		if !next.Start.Before(committed[k]) {
-			t.Fatalf("blocks %d-%d were asked for %s after the commit of blocks %d-%d returned: the next batch was not read while one committed",
-				from+width, from+2*width-1, next.Start.Sub(committed[k]).Round(time.Millisecond), from, from+width-1)
+	if scan.ReadAhead != 2 {
+		t.Fatalf("%d ranges are read ahead, want 2", scan.ReadAhead)
+	}
+	first := func(k int) uint64 { return e.network.StartBlock + uint64(k*width) }
+	for k := 0; k < ranges; k++ {
+		for j := k + 1; j < ranges && j <= k+2; j++ {
+			if r := reads[first(j)]; !r.Start.Before(committed[k]) {
+				t.Fatalf("blocks %d-%d were asked for %s after the commit of blocks %d-%d returned: not read while it committed",
+					first(j), first(j+1)-1, r.Start.Sub(committed[k]).Round(time.Millisecond), first(k), first(k+1)-1)
+			}
 		}
-		if next.Start.Before(this.End) {
-			t.Fatalf("blocks %d-%d were asked for before blocks %d-%d were read", from+width, from+2*width-1, from, from+width-1)
+		if j := k + 3; j < ranges {
+			if r := reads[first(j)]; r.Start.Before(committed[k]) {
+				t.Fatalf("blocks %d-%d were asked for before the commit of blocks %d-%d returned: three ranges ahead",
+					first(j), first(j+1)-1, first(k), first(k+1)-1)
+			}
 		}
-		t.Logf("blocks %d-%d asked for %s before the commit of blocks %d-%d returned", from+width, from+2*width-1,
-			committed[k].Sub(next.Start).Round(time.Millisecond), from, from+width-1)
 	}
 }
 

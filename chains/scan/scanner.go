@@ -41,8 +41,9 @@ type Scanner struct {
 	stepStart time.Time
 	progress  catchUp
 	successes int
-	// next is a batch being read ahead while the previous one commits.
-	next *prefetch
+	// ahead holds the batches being read ahead while the one before
+	// commits: up to ReadAhead consecutive ranges, in order.
+	ahead []*prefetch
 	// lastHead is the head the last commit saw.
 	lastHead uint64
 	// verifyWake tells Run's verifier that a commit recorded transfers
@@ -61,13 +62,38 @@ type prefetch struct {
 	err      error
 }
 
+// ReadAhead is how many ranges a catch-up reads ahead of the batch it
+// commits: with a node far away, two reads in flight hide each other's
+// latency. Each is checked, when its turn comes, to continue the chain the
+// cursor stands on.
+const ReadAhead = 2
+
 func (s *Scanner) startPrefetch(ctx context.Context, from, to, head uint64) {
 	p := &prefetch{from: from, to: to, done: make(chan struct{})}
 	go func() {
 		defer close(p.done)
 		p.batch, p.err = s.scanRange(ctx, from, to, head)
 	}()
-	s.next = p
+	s.ahead = append(s.ahead, p)
+}
+
+// readAhead keeps up to ReadAhead consecutive ranges after block last
+// being read (up to head), keeping those already under way.
+func (s *Scanner) readAhead(ctx context.Context, last, head uint64) {
+	next := last + 1
+	for i := 0; i < ReadAhead && next <= head; i++ {
+		if i < len(s.ahead) {
+			if s.ahead[i].from != next {
+				s.ahead = s.ahead[:i] // out of step (the batch size changed): read again
+				continue
+			}
+			next = s.ahead[i].to + 1
+			continue
+		}
+		to := min(head, next+s.batch-1)
+		s.startPrefetch(ctx, next, to, head)
+		next = to + 1
+	}
 }
 
 // scanRange has the source scan [from, to] and, where it can in the same
@@ -96,23 +122,26 @@ func (s *Scanner) keptFrom(head uint64) uint64 {
 	return 0
 }
 
-// dropPrefetch forgets a batch read ahead (its read ends by itself).
-func (s *Scanner) dropPrefetch() { s.next = nil }
+// dropPrefetch forgets the batches read ahead (their reads end by
+// themselves).
+func (s *Scanner) dropPrefetch() { s.ahead = nil }
 
-// takePrefetch returns the batch read ahead for exactly from, or nil.
+// takePrefetch returns the first batch read ahead if it is for exactly
+// from, or nil (forgetting every batch read ahead: they are out of step).
 func (s *Scanner) takePrefetch(ctx context.Context, from uint64) (*prefetch, error) {
-	p := s.next
-	s.next = nil
-	if p == nil {
+	if len(s.ahead) == 0 {
+		return nil, nil
+	}
+	p := s.ahead[0]
+	s.ahead = s.ahead[1:]
+	if p.from != from {
+		s.dropPrefetch()
 		return nil, nil
 	}
 	select {
 	case <-p.done:
 	case <-ctx.Done():
 		return nil, ctx.Err()
-	}
-	if p.from != from {
-		return nil, nil
 	}
 	return p, nil
 }
@@ -320,6 +349,8 @@ func (s *Scanner) Step(ctx context.Context) (caughtUp bool, err error) {
 		}
 		if p != nil && p.err == nil {
 			ahead = p // usable once the cursor is checked below
+		} else {
+			s.dropPrefetch() // a read failed: read again from the cursor
 		}
 	}
 
@@ -395,7 +426,7 @@ func (s *Scanner) Step(ctx context.Context) (caughtUp bool, err error) {
 		}
 		return true, nil
 	}
-	if ahead == nil && s.next != nil {
+	if ahead == nil && len(s.ahead) > 0 {
 		if ahead, err = s.takePrefetch(ctx, from); err != nil {
 			return false, err
 		}
@@ -470,10 +501,7 @@ func (s *Scanner) commitBatch(ctx context.Context, cur *Block, orphanAbove *uint
 	// While this batch commits, read the next one: fetching and storing
 	// overlap, which matters most when the node is far away.
 	s.lastHead = head.Number
-	if last.Number < head.Number {
-		next := last.Number + 1
-		s.startPrefetch(ctx, next, min(head.Number, next+s.batch-1), head.Number)
-	}
+	s.readAhead(ctx, last.Number, head.Number)
 	orphaned, err := s.Store.Commit(ctx, commit)
 	if err != nil {
 		return false, err
