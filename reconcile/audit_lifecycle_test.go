@@ -934,6 +934,31 @@ func TestAFailedBatchIsTriedAgainInHalvesDownToSingleOrders(t *testing.T) {
 	}
 }
 
+// README: "unless 10 orders failed alone and none moved (the cause is then
+// not theirs; the rest waits for the next pass)". Thirty orders whose
+// moves are all refused, in one batch: the retry gives up after ten, and
+// the pass reports those ten and no more.
+func TestAFailedBatchWhoseOrdersAllFailIsGivenUpAfterTen(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	for i := range 30 {
+		f.order(usdt, int64(10_000_000+i)) // due to expire: its move is refused
+	}
+	f.clock.Advance(grace + time.Minute)
+	table := paywatch.Lifecycle
+	t.Cleanup(func() { paywatch.Lifecycle = table })
+	paywatch.Lifecycle = slices.DeleteFunc(slices.Clone(table), func(tr paywatch.Transition) bool {
+		return tr.From == paywatch.StatusAwaitingPayment && tr.To == paywatch.StatusExpired
+	})
+	_, err := f.rec.Pass(ctx)
+	if err == nil {
+		t.Fatal("the pass reported no failure")
+	}
+	if n := strings.Count(err.Error(), "which the lifecycle does not allow"); n != 10 || strings.Contains(err.Error(), "more") {
+		t.Fatalf("the pass reported %d refused moves, want 10 and no more:\n%v", n, err)
+	}
+}
+
 // README: "The tests also check, after each pass, that every order is where
 // `paywatch.Decide` puts it (`Reconciler.CheckDecisions`)": it reports
 // every order whose status is not what its facts call for, and nothing on

@@ -270,3 +270,40 @@ func TestAFailingMempoolStepHoldsBackNoPayment(t *testing.T) {
 	f.pass()
 	f.expect(seen, paywatch.StatusConfirming, "")
 }
+
+// The rounds of a pass go on too while the mempool step fails: an order on
+// its own address whose payment a reorg took away, with another exact
+// payment waiting there, is settled again by that payment in the same
+// pass (its later rounds), as when the mempool step works.
+func TestAFailingMempoolStepStopsNoRound(t *testing.T) {
+	for _, failing := range []bool{false, true} {
+		t.Run(map[bool]string{false: "mempool step working", true: "mempool step failing"}[failing], func(t *testing.T) {
+			f := newFixture(t)
+			o := f.order(btc, 100_000)
+			f.clock.Advance(time.Second)
+			first := f.pay(payment{asset: btc, to: o.PayAddress, amount: 100_000})
+			f.pass()
+			f.expect(o, paywatch.StatusSettled, "")
+			f.clock.Advance(time.Second)
+			f.pay(payment{asset: btc, to: o.PayAddress, amount: 100_000})
+			f.pass()
+			f.setState(first, "orphaned")
+			if failing {
+				pgtest.Exec(t, f.db, `CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+					BEGIN RAISE EXCEPTION 'sightings refused'; END $$`)
+				pgtest.Exec(t, f.db, `CREATE TRIGGER refuse BEFORE UPDATE ON mempool_transfers FOR EACH STATEMENT EXECUTE FUNCTION refuse()`)
+				other := f.order(btc, 200_000)
+				f.clock.Advance(time.Second)
+				f.sight(other, other.PayAddress, 200_000, "c-other")
+			}
+			_, err := f.rec.Pass(context.Background())
+			if failing != (err != nil) {
+				t.Fatalf("the pass returned %v", err)
+			}
+			f.expect(o, paywatch.StatusSettled, "")
+			if failing {
+				pgtest.Exec(t, f.db, `DROP TRIGGER refuse ON mempool_transfers`)
+			}
+		})
+	}
+}

@@ -97,8 +97,12 @@ func (r *Reconciler) Pass(ctx context.Context) (Result, error) {
 	now := r.now()
 	var total Result
 	claims := newClaimBudget() // the claims this pass may still decide
+	var sightings error        // the mempool step's failures: they stop no round
 	for round := 0; round < maxRounds; round++ {
-		res, err := r.round(ctx, now, &claims)
+		res, serr, err := r.round(ctx, now, &claims)
+		if sightings == nil {
+			sightings = serr // the first round's says it
+		}
 		total.Matched += res.Matched
 		total.Ambiguous += res.Ambiguous
 		total.Claims += res.Claims
@@ -106,7 +110,7 @@ func (r *Reconciler) Pass(ctx context.Context) (Result, error) {
 		total.Transitions += res.Transitions
 		total.Mempool += res.Mempool
 		if err != nil {
-			return total, err
+			return total, errors.Join(sightings, err)
 		}
 		if res == (Result{}) {
 			break
@@ -116,42 +120,38 @@ func (r *Reconciler) Pass(ctx context.Context) (Result, error) {
 		r.log.Info("reconciled", "matched", total.Matched, "ambiguous", total.Ambiguous, "claims", total.Claims,
 			"entries", total.Entries, "transitions", total.Transitions, "mempool", total.Mempool)
 	}
-	return total, nil
+	return total, sightings
 }
 
 // maxRounds bounds the rounds of a pass; what is left waits for the next.
 const maxRounds = 4
 
 // round runs each step of a pass once; claims is what is left of the
-// pass's budget of claims (followHints).
-func (r *Reconciler) round(ctx context.Context, now time.Time, claims *claimBudget) (Result, error) {
-	var res Result
-	// Mempool sightings stand apart from the transfers: a failure there
-	// (a deadlock with the Bitcoin watcher, say) holds back no payment.
-	// The rest of the round goes on, and the round reports it.
-	var err, sightings error
+// pass's budget of claims (followHints). Mempool sightings stand apart
+// from the transfers: the mempool step's failure (a deadlock with the
+// Bitcoin watcher, say) holds back no payment. It is returned apart
+// (sightings), and the round goes on.
+func (r *Reconciler) round(ctx context.Context, now time.Time, claims *claimBudget) (res Result, sightings, err error) {
 	if res.Mempool, sightings = r.mempool(ctx, now); sightings != nil {
 		r.log.Warn("mempool step failed; the rest of the pass goes on", "err", sightings)
 	}
-	fail := func(err error) (Result, error) { return res, errors.Join(sightings, err) }
 	if res.Ambiguous, err = r.flagAmbiguous(ctx, now); err != nil {
-		return fail(fmt.Errorf("flag ambiguous transfers: %w", err))
+		return res, sightings, fmt.Errorf("flag ambiguous transfers: %w", err)
 	}
 	if res.Matched, err = r.match(ctx, now); err != nil {
-		return fail(fmt.Errorf("match transfers: %w", err))
+		return res, sightings, fmt.Errorf("match transfers: %w", err)
 	}
 	linked, decided, err := r.followHints(ctx, now, claims)
 	if err != nil {
-		return fail(fmt.Errorf("check tx hash claims: %w", err))
+		return res, sightings, fmt.Errorf("check tx hash claims: %w", err)
 	}
 	res.Matched += linked
 	res.Claims = decided
 	if res.Entries, err = r.postLedger(ctx, now); err != nil {
-		return fail(err)
+		return res, sightings, err
 	}
-	n, err := r.transitions(ctx, now)
-	res.Transitions = n
-	return fail(err)
+	res.Transitions, err = r.transitions(ctx, now)
+	return res, sightings, err
 }
 
 // PostLedger brings the ledger up to date with the transfers: reversals of

@@ -76,7 +76,8 @@ func (f *factsRow) facts(now time.Time, grace time.Duration) (paywatch.Facts, er
 // A batch that fails writes nothing. When it had read its candidates, they
 // are tried again in halves, each half in a transaction of its own, down
 // to single orders: one order whose move fails holds back no other, and
-// the others still move in batches. The walk goes on past them, and the
+// the others still move in batches (unless maxReported orders failed alone
+// and none moved: see retry.gaveUp). The walk goes on past them, and the
 // pass reports the orders that failed alone (the first maxReported, and
 // how many more).
 func (r *Reconciler) transitions(ctx context.Context, now time.Time) (int64, error) {
@@ -94,9 +95,12 @@ func (r *Reconciler) transitions(ctx context.Context, now time.Time) (int64, err
 			// In halves; the batch after (orders above its last) may be in
 			// flight meanwhile.
 			r.log.Warn("a batch of transitions failed; trying its orders again in halves", "orders", d.count, "err", d.err)
-			n, _, errs, _ := r.halves(ctx, now, d.after, d.count)
-			total += n
-			failed = append(failed, errs...)
+			var rt retry
+			if _, stopped := r.halves(ctx, now, &rt, d.after, d.count); stopped && rt.gaveUp() {
+				r.log.Warn("gave up trying a failed batch's orders alone: none moved", "failed_alone", len(rt.failed))
+			}
+			total += rt.moved
+			failed = append(failed, rt.failed...)
 			return
 		}
 		if d.err != nil {
@@ -128,37 +132,54 @@ func (r *Reconciler) transitions(ctx context.Context, now time.Time) (int64, err
 // maxReported bounds the failures a pass's error lists.
 const maxReported = 10
 
+// retry is the state of one failed batch tried again in halves.
+type retry struct {
+	moved  int64
+	failed []error
+}
+
+// gaveUp says when a retry stops: maxReported orders failed alone and
+// none moved. The cause is then not theirs (the database, a bug every
+// move meets), and trying each of thousands alone would cost two
+// transactions an order; the rest waits for the next pass.
+func (rt *retry) gaveUp() bool { return len(rt.failed) >= maxReported && rt.moved == 0 }
+
 // halves moves the next count candidates after id after (what a failed
 // batch read) as two batches. See try.
-func (r *Reconciler) halves(ctx context.Context, now time.Time, after string, count int) (moved int64, reached string, failed []error, stopped bool) {
+func (r *Reconciler) halves(ctx context.Context, now time.Time, rt *retry, after string, count int) (reached string, stopped bool) {
 	first := count / 2
-	n1, reached, failed, stopped := r.try(ctx, now, after, first)
+	reached, stopped = r.try(ctx, now, rt, after, first)
 	if stopped {
-		return n1, reached, failed, true
+		return reached, true
 	}
-	n2, reached, failed2, stopped := r.try(ctx, now, reached, count-first)
-	return n1 + n2, reached, append(failed, failed2...), stopped
+	return r.try(ctx, now, rt, reached, count-first)
 }
 
 // try moves the next count candidates after id after in one transaction
-// and, should that fail, in halves (down to single orders). It returns how
-// many moved, the id it reached, the failures of single orders, and
-// whether it stopped because candidates could not be read (the database,
-// the context): the rest is then left for the next pass.
-func (r *Reconciler) try(ctx context.Context, now time.Time, after string, count int) (int64, string, []error, bool) {
+// and, should that fail, in halves (down to single orders), noting in rt
+// what moved and which orders failed alone. It returns the id it reached,
+// and whether it stopped: candidates could not be read (the database, the
+// context), or rt gave up. The rest is then left for the next pass.
+func (r *Reconciler) try(ctx context.Context, now time.Time, rt *retry, after string, count int) (string, bool) {
+	if rt.gaveUp() {
+		return after, true
+	}
 	read, done := r.startBatch(ctx, now, after, count)
 	rd, d := <-read, <-done
+	rt.moved += d.n
 	switch {
 	case rd.err != nil:
-		return 0, after, []error{rd.err}, true
+		rt.failed = append(rt.failed, rd.err)
+		return after, true
 	case rd.count == 0:
-		return 0, after, nil, false
+		return after, false
 	case d.err == nil:
-		return d.n, rd.last, nil, false
+		return rd.last, false
 	case rd.count == 1:
-		return 0, rd.last, []error{d.err}, false
+		rt.failed = append(rt.failed, d.err)
+		return rd.last, false
 	}
-	return r.halves(ctx, now, after, rd.count)
+	return r.halves(ctx, now, rt, after, rd.count)
 }
 
 // batchRead says what a batch of transitions read: how many candidates,

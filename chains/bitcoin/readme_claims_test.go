@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"math/big"
 	"net/http"
 	"net/http/httptest"
@@ -475,4 +476,15 @@ func (g *growingGiven) Given(ctx context.Context, xpub string, from uint32, limi
 	}
 	g.mu.Unlock()
 	return g.store.Given(ctx, xpub, from, limit)
+}
+
+// README: "the Bitcoin scanner reads one batch ahead, not two (raw blocks
+// are large)": a scanner over the Bitcoin source reads one range ahead.
+func TestBitcoinScannerReadsOneBatchAhead(t *testing.T) {
+	src := &bitcoin.Source{}
+	n := &paywatch.Network{Name: "bitcoin", Family: paywatch.FamilyBitcoin}
+	s := scan.NewScanner(n, src, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if s.ReadAhead != 1 || scan.DefaultReadAhead != 2 {
+		t.Fatalf("the Bitcoin scanner reads %d batches ahead (default %d), want 1", s.ReadAhead, scan.DefaultReadAhead)
+	}
 }

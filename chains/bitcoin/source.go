@@ -102,6 +102,11 @@ func (s *Source) SetCallTimeout(d time.Duration) { s.nodes.CallTimeout = d }
 // MaxRange is the widest batch the scanner should ask for.
 func (s *Source) MaxRange() uint64 { return BlocksPerRange }
 
+// ReadAhead is how many batches the scanner reads ahead: one. Raw blocks
+// are large (a request's answer can hold several megabytes each), and a
+// Bitcoin catch-up is bound by decoding them, not by the node's distance.
+func (s *Source) ReadAhead() int { return 1 }
+
 // Head returns the node's best height (Bitcoin has no finality tag).
 func (s *Source) Head(ctx context.Context) (scan.Head, error) {
 	s.preferAhead(ctx)

@@ -94,8 +94,8 @@ func TestNextBatchIsReadWhileOneCommits(t *testing.T) {
 	if len(committed) != ranges || len(reads) != ranges {
 		t.Fatalf("%d batches committed, %d ranges read; want %d of %d blocks", len(committed), len(reads), ranges, width)
 	}
-	if scan.ReadAhead != 2 {
-		t.Fatalf("%d ranges are read ahead, want 2", scan.ReadAhead)
+	if scan.DefaultReadAhead != 2 {
+		t.Fatalf("%d ranges are read ahead, want 2", scan.DefaultReadAhead)
 	}
 	first := func(k int) uint64 { return e.network.StartBlock + uint64(k*width) }
 	for k := 0; k < ranges; k++ {

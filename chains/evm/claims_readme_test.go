@@ -341,7 +341,7 @@ func TestTooManyResultsHalvesTheRangeThenItGrowsBack(t *testing.T) {
 	}
 	// Grown after 3 successes; the ranges already read ahead keep the
 	// width they were read with.
-	if i > 3+scan.ReadAhead {
+	if i > 3+scan.DefaultReadAhead {
 		t.Fatalf("ranges after the refusal %v: grown back only after %d successes", served, i)
 	}
 	for _, w := range served[i:] {

@@ -36,6 +36,9 @@ type Scanner struct {
 	RetryMax time.Duration
 	// Observer is told of batches and failures (metrics); may be nil.
 	Observer Observer
+	// ReadAhead is how many ranges are read ahead of the batch that
+	// commits (DefaultReadAhead, or what a ReadAheadLimiter source asks).
+	ReadAhead int
 
 	batch     uint64
 	stepStart time.Time
@@ -58,18 +61,26 @@ const VerifyBatch = 2000
 type prefetch struct {
 	from, to uint64
 	done     chan struct{}
+	cancel   context.CancelFunc
 	batch    *Batch
 	err      error
 }
 
-// ReadAhead is how many ranges a catch-up reads ahead of the batch it
-// commits: with a node far away, two reads in flight hide each other's
+// DefaultReadAhead is how many ranges a catch-up reads ahead of the batch
+// it commits: with a node far away, two reads in flight hide each other's
 // latency. Each is checked, when its turn comes, to continue the chain the
 // cursor stands on.
-const ReadAhead = 2
+const DefaultReadAhead = 2
+
+// ReadAheadLimiter is a Source that wants fewer ranges read ahead (whose
+// answers are large: Bitcoin's raw blocks).
+type ReadAheadLimiter interface {
+	ReadAhead() int
+}
 
 func (s *Scanner) startPrefetch(ctx context.Context, from, to, head uint64) {
-	p := &prefetch{from: from, to: to, done: make(chan struct{})}
+	ctx, cancel := context.WithCancel(ctx)
+	p := &prefetch{from: from, to: to, done: make(chan struct{}), cancel: cancel}
 	go func() {
 		defer close(p.done)
 		p.batch, p.err = s.scanRange(ctx, from, to, head)
@@ -77,19 +88,17 @@ func (s *Scanner) startPrefetch(ctx context.Context, from, to, head uint64) {
 	s.ahead = append(s.ahead, p)
 }
 
-// readAhead keeps up to ReadAhead consecutive ranges after block last
-// being read (up to head), keeping those already under way.
+// readAhead keeps up to s.ReadAhead consecutive ranges after block last
+// being read (up to head), keeping those already under way that follow
+// on.
 func (s *Scanner) readAhead(ctx context.Context, last, head uint64) {
 	next := last + 1
-	for i := 0; i < ReadAhead && next <= head; i++ {
-		if i < len(s.ahead) {
-			if s.ahead[i].from != next {
-				s.ahead = s.ahead[:i] // out of step (the batch size changed): read again
-				continue
-			}
+	for i := 0; i < max(s.ReadAhead, 1) && next <= head; i++ {
+		if i < len(s.ahead) && s.ahead[i].from == next {
 			next = s.ahead[i].to + 1
 			continue
 		}
+		s.dropFrom(i) // out of step: read from here again
 		to := min(head, next+s.batch-1)
 		s.startPrefetch(ctx, next, to, head)
 		next = to + 1
@@ -122,9 +131,17 @@ func (s *Scanner) keptFrom(head uint64) uint64 {
 	return 0
 }
 
-// dropPrefetch forgets the batches read ahead (their reads end by
-// themselves).
-func (s *Scanner) dropPrefetch() { s.ahead = nil }
+// dropPrefetch forgets the batches read ahead, cancelling their reads.
+func (s *Scanner) dropPrefetch() { s.dropFrom(0) }
+
+// dropFrom forgets the batches read ahead from the i-th on, cancelling
+// their reads.
+func (s *Scanner) dropFrom(i int) {
+	for _, p := range s.ahead[min(i, len(s.ahead)):] {
+		p.cancel()
+	}
+	s.ahead = s.ahead[:min(i, len(s.ahead))]
+}
 
 // takePrefetch returns the first batch read ahead if it is for exactly
 // from, or nil (forgetting every batch read ahead: they are out of step).
@@ -135,12 +152,15 @@ func (s *Scanner) takePrefetch(ctx context.Context, from uint64) (*prefetch, err
 	p := s.ahead[0]
 	s.ahead = s.ahead[1:]
 	if p.from != from {
+		p.cancel()
 		s.dropPrefetch()
 		return nil, nil
 	}
 	select {
 	case <-p.done:
+		p.cancel() // its read is over
 	case <-ctx.Done():
+		p.cancel()
 		return nil, ctx.Err()
 	}
 	return p, nil
@@ -156,8 +176,12 @@ func NewScanner(n *paywatch.Network, src Source, store *Store, log *slog.Logger)
 	if rl, ok := src.(RangeLimiter); ok {
 		maxBatch = min(maxBatch, rl.MaxRange())
 	}
+	readAhead := DefaultReadAhead
+	if rl, ok := src.(ReadAheadLimiter); ok {
+		readAhead = min(readAhead, rl.ReadAhead())
+	}
 	return &Scanner{Network: n, Source: src, Store: store, Log: log.With("network", n.Name),
-		MaxBatch: maxBatch, Window: window, RetryMin: DefaultRetryMin, RetryMax: DefaultRetryMax}
+		MaxBatch: maxBatch, Window: window, RetryMin: DefaultRetryMin, RetryMax: DefaultRetryMax, ReadAhead: readAhead}
 }
 
 // Run scans until ctx ends. Errors are recorded on the network's status and
@@ -347,10 +371,14 @@ func (s *Scanner) Step(ctx context.Context) (caughtUp bool, err error) {
 			p.batch.Parent.Number == cur.Number && p.batch.Parent.Hash == cur.Hash && p.to <= p.batch.Head.Number {
 			return s.commitBatch(ctx, cur, nil, "", p.from, p.to, *p.batch.Head, p.batch)
 		}
-		if p != nil && p.err == nil {
+		switch {
+		case p != nil && p.err == nil && (p.batch.Parent == nil ||
+			p.batch.Parent.Number == cur.Number && p.batch.Parent.Hash == cur.Hash):
 			ahead = p // usable once the cursor is checked below
-		} else {
-			s.dropPrefetch() // a read failed: read again from the cursor
+		case p != nil:
+			// A read that failed, or one that does not continue the cursor
+			// (the chain changed under it): read again from the cursor.
+			s.dropPrefetch()
 		}
 	}
 
@@ -363,7 +391,7 @@ func (s *Scanner) Step(ctx context.Context) (caughtUp bool, err error) {
 		if cur != nil {
 			guess = cur.Number + 1
 		}
-		if cur == nil || s.lastHead >= guess+s.batch-1 {
+		if len(s.ahead) == 0 && (cur == nil || s.lastHead >= guess+s.batch-1) {
 			s.startPrefetch(ctx, guess, guess+s.batch-1, s.lastHead)
 		}
 	}
