@@ -817,11 +817,7 @@ func TestReconcilerRefusesAMoveTheLifecycleTableDoesNotHold(t *testing.T) {
 	}
 	f.clock.Advance(grace + time.Minute) // due to expire; marked paid, past paid_grace
 
-	table := paywatch.Lifecycle
-	t.Cleanup(func() { paywatch.Lifecycle = table })
-	paywatch.Lifecycle = slices.DeleteFunc(slices.Clone(table), func(tr paywatch.Transition) bool {
-		return tr.From == paywatch.StatusAwaitingPayment && tr.To == paywatch.StatusExpired
-	})
+	table := refuseExpiry(t)
 	if paywatch.CanMove(paywatch.StatusAwaitingPayment, paywatch.StatusExpired, "", paywatch.ActorReconciler) {
 		t.Fatal("setup: the table still allows awaiting_payment to expired")
 	}
@@ -871,11 +867,7 @@ func TestAFailingBatchHoldsBackOnlyItsOwnOrders(t *testing.T) {
 	}
 	f.clock.Advance(grace + time.Minute) // due to expire; marked paid, past paid_grace
 
-	table := paywatch.Lifecycle
-	t.Cleanup(func() { paywatch.Lifecycle = table })
-	paywatch.Lifecycle = slices.DeleteFunc(slices.Clone(table), func(tr paywatch.Transition) bool {
-		return tr.From == paywatch.StatusAwaitingPayment && tr.To == paywatch.StatusExpired
-	})
+	table := refuseExpiry(t)
 	_, err := f.rec.Pass(ctx)
 	for _, o := range due {
 		want := fmt.Sprintf("order %s: decided awaiting_payment/ → expired/, which the lifecycle does not allow", o.ID)
@@ -917,11 +909,7 @@ func TestAFailedBatchIsTriedAgainInHalvesDownToSingleOrders(t *testing.T) {
 		}
 	}
 	f.clock.Advance(grace + time.Minute)
-	table := paywatch.Lifecycle
-	t.Cleanup(func() { paywatch.Lifecycle = table })
-	paywatch.Lifecycle = slices.DeleteFunc(slices.Clone(table), func(tr paywatch.Transition) bool {
-		return tr.From == paywatch.StatusAwaitingPayment && tr.To == paywatch.StatusExpired
-	})
+	refuseExpiry(t)
 	_, err := f.rec.Pass(ctx)
 	if err == nil {
 		t.Fatal("the pass reported no failure")
@@ -945,11 +933,7 @@ func TestAFailedBatchWhoseOrdersAllFailIsGivenUpAfterTen(t *testing.T) {
 		f.order(usdt, int64(10_000_000+i)) // due to expire: its move is refused
 	}
 	f.clock.Advance(grace + time.Minute)
-	table := paywatch.Lifecycle
-	t.Cleanup(func() { paywatch.Lifecycle = table })
-	paywatch.Lifecycle = slices.DeleteFunc(slices.Clone(table), func(tr paywatch.Transition) bool {
-		return tr.From == paywatch.StatusAwaitingPayment && tr.To == paywatch.StatusExpired
-	})
+	refuseExpiry(t)
 	_, err := f.rec.Pass(ctx)
 	if err == nil {
 		t.Fatal("the pass reported no failure")
@@ -1059,4 +1043,17 @@ func TestCheckInvariantsReportsEveryViolation(t *testing.T) {
 	if !errors.As(err, &joined) || len(joined.Unwrap()) != len(want) {
 		t.Fatalf("CheckInvariants returned %T, want one error per violation", err)
 	}
+}
+
+// refuseExpiry takes the move awaiting_payment → expired out of the
+// lifecycle table until the test ends, and returns the table as it was
+// (put it back to allow the move again).
+func refuseExpiry(t *testing.T) []paywatch.Transition {
+	t.Helper()
+	table := paywatch.Lifecycle
+	t.Cleanup(func() { paywatch.Lifecycle = table })
+	paywatch.Lifecycle = slices.DeleteFunc(slices.Clone(table), func(tr paywatch.Transition) bool {
+		return tr.From == paywatch.StatusAwaitingPayment && tr.To == paywatch.StatusExpired
+	})
+	return table
 }
