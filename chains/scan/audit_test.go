@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/url"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -58,6 +59,7 @@ func TestHeadsComparedEvery10sInTheBackgroundSwitchingPast2Blocks(t *testing.T) 
 		t.Fatal(err)
 	}
 	heads := map[string]uint64{"current": 100, "ahead": 100}
+	var headsMu sync.Mutex // background comparisons read heads while the test changes it
 	var asked atomic.Int64
 	release := make(chan struct{})
 	head := func(ctx context.Context, e string) (uint64, error) {
@@ -67,6 +69,8 @@ func TestHeadsComparedEvery10sInTheBackgroundSwitchingPast2Blocks(t *testing.T) 
 		case <-ctx.Done():
 			return 0, ctx.Err()
 		}
+		headsMu.Lock()
+		defer headsMu.Unlock()
 		return heads[e], nil
 	}
 	hashAt := func(ctx context.Context, e string, h uint64) (string, error) { return fmt.Sprintf("0x%d", h), nil }
@@ -107,7 +111,9 @@ func TestHeadsComparedEvery10sInTheBackgroundSwitchingPast2Blocks(t *testing.T) 
 		switches bool
 	}{{101, false}, {102, false}, {103, true}, {120, true}} {
 		n.current.Store(0)
+		headsMu.Lock()
 		heads["ahead"] = c.ahead
+		headsMu.Unlock()
 		n.compareHeads(t.Context(), head, hashAt)
 		switched := n.current.Load() == 1
 		if switched != c.switches {

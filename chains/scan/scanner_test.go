@@ -76,7 +76,12 @@ func (c *fakeChain) Scan(_ context.Context, from, to uint64) (*Batch, error) {
 		return nil, fmt.Errorf("blocks %d-%d: %w", from, to, ErrNoBlock)
 	}
 	c.scans = append(c.scans, [2]uint64{from, to})
-	b := &Batch{Blocks: []Block{{Number: to, Hash: c.hashes[to]}}}
+	// With the head and the parent, as the EVM and Bitcoin sources give
+	// them: the scanner takes a batch read ahead on its fast path.
+	b := &Batch{Blocks: []Block{{Number: to, Hash: c.hashes[to]}}, Head: &Head{Number: uint64(len(c.hashes) - 1)}}
+	if from > 0 {
+		b.Parent = &Block{Number: from - 1, Hash: c.hashes[from-1]}
+	}
 	for n := from; n <= to; n++ {
 		if amt, ok := c.payments[n]; ok {
 			b.Transfers = append(b.Transfers, Found{Asset: fakeAsset, TxHash: fmt.Sprintf("0xt%d-%s", n, c.hashes[n]),
