@@ -146,16 +146,12 @@ func (s *Scanner) dropFrom(i int) {
 // takePrefetch returns the first batch read ahead if it is for exactly
 // from, or nil (forgetting every batch read ahead: they are out of step).
 func (s *Scanner) takePrefetch(ctx context.Context, from uint64) (*prefetch, error) {
-	if len(s.ahead) == 0 {
+	if len(s.ahead) == 0 || s.ahead[0].from != from {
+		s.dropPrefetch()
 		return nil, nil
 	}
 	p := s.ahead[0]
 	s.ahead = s.ahead[1:]
-	if p.from != from {
-		p.cancel()
-		s.dropPrefetch()
-		return nil, nil
-	}
 	select {
 	case <-p.done:
 		p.cancel() // its read is over
@@ -368,12 +364,11 @@ func (s *Scanner) Step(ctx context.Context) (caughtUp bool, err error) {
 			return false, err
 		}
 		if p != nil && p.err == nil && p.batch.Head != nil && p.batch.Parent != nil &&
-			p.batch.Parent.Number == cur.Number && p.batch.Parent.Hash == cur.Hash && p.to <= p.batch.Head.Number {
+			*p.batch.Parent == *cur && p.to <= p.batch.Head.Number {
 			return s.commitBatch(ctx, cur, nil, "", p.from, p.to, *p.batch.Head, p.batch)
 		}
 		switch {
-		case p != nil && p.err == nil && (p.batch.Parent == nil ||
-			p.batch.Parent.Number == cur.Number && p.batch.Parent.Hash == cur.Hash):
+		case p != nil && p.err == nil && (p.batch.Parent == nil || *p.batch.Parent == *cur):
 			ahead = p // usable once the cursor is checked below
 		case p != nil:
 			// A read that failed, or one that does not continue the cursor
@@ -503,7 +498,7 @@ func (s *Scanner) commitBatch(ctx context.Context, cur *Block, orphanAbove *uint
 	case cur != nil:
 		below = cur
 	}
-	if below != nil && below.Hash != "" && batch.Parent != nil && (batch.Parent.Number != below.Number || batch.Parent.Hash != below.Hash) {
+	if below != nil && below.Hash != "" && batch.Parent != nil && *batch.Parent != *below {
 		return false, inconsistentError{below.Number}
 	}
 	if below != nil && below.Hash == "" && batch.Parent != nil && batch.Parent.Number == below.Number {

@@ -280,7 +280,6 @@ func (s *Server) logRequests(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
-		entry := &rec.entry
 		defer func() {
 			if p := recover(); p != nil {
 				s.log.Error("handler panicked", "method", r.Method, "path", r.URL.Path, "panic", p)
@@ -290,11 +289,11 @@ func (s *Server) logRequests(next http.Handler) http.Handler {
 				return
 			}
 			level := slog.LevelInfo
-			if entry.routine && rec.status < 400 {
+			if rec.entry.routine && rec.status < 400 {
 				level = slog.LevelDebug
 			}
 			s.log.Log(r.Context(), level, "request", "method", r.Method, "path", r.URL.Path, "status", rec.status,
-				"key", entry.key, "duration", time.Since(start).Round(time.Microsecond))
+				"key", rec.entry.key, "duration", time.Since(start).Round(time.Microsecond))
 		}()
 		next.ServeHTTP(rec, r)
 	})
