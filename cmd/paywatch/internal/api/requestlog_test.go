@@ -3,6 +3,7 @@ package api_test
 import (
 	"bytes"
 	"log/slog"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -70,6 +71,9 @@ func TestRequestLinesAtInfoButAStorefrontsReadOfOneOrder(t *testing.T) {
 		if strings.Contains(line, "path=/v1/orders/"+o.ID+" status=200 key=shop") {
 			t.Fatalf("a storefront's successful read of one order was logged at info level: %s", line)
 		}
+		if !durationField.MatchString(line) {
+			t.Fatalf("a request line without its duration: %s", line)
+		}
 	}
 
 	debug := &lines{}
@@ -78,6 +82,9 @@ func TestRequestLinesAtInfoButAStorefrontsReadOfOneOrder(t *testing.T) {
 	f.do("GET", "/v1/orders/"+o.ID, storefrontKey, "")
 	waitForLines(t, debug, []string{"level=DEBUG msg=request method=GET path=/v1/orders/" + o.ID + " status=200 key=shop"})
 }
+
+// durationField is how a request line gives its duration.
+var durationField = regexp.MustCompile(` duration=[0-9.]+(µs|ms|s)( |$)`)
 
 // waitForLines waits up to a second until every wanted fragment is in a
 // logged request line (each line is written as its request ends).

@@ -34,6 +34,14 @@ func TestExampleConfig(t *testing.T) {
 	if eth == nil || eth.Family != paywatch.FamilyEVM || eth.ChainID != 1337 || eth.Confirmations != 3 || eth.StartLatest {
 		t.Fatalf("ethereum: %+v", eth)
 	}
+	// README: the example watches an EVM node at 127.0.0.1:8545 and a
+	// Bitcoin regtest node at 127.0.0.1:18556.
+	if got := strings.Join(eth.RPCURLs, " "); got != "http://127.0.0.1:8545" {
+		t.Fatalf("ethereum node %q", got)
+	}
+	if b := cfg.Network("bitcoin"); b == nil || b.Chain != "regtest" || strings.Join(b.RPCURLs, " ") != "http://127.0.0.1:18556" {
+		t.Fatalf("bitcoin: %+v", b)
+	}
 	usdt := eth.Asset("USDT")
 	if usdt == nil || usdt.Decimals != 6 || usdt.UniqueStep.Int64() != 1 || usdt.UniqueSlots != 10000 || usdt.Mode != paywatch.ModeShared {
 		t.Fatalf("USDT: %+v", usdt)
