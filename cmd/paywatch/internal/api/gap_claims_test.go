@@ -41,10 +41,11 @@ func (f *fixture) gap() gapJSON {
 }
 
 // README ("HTTP API"): a network's `addresses` in GET /v1/networks carry
-// "`unpaid_run_at_least: true` when the run is longer than the 100,000
-// addresses looked back". A run of 100,000 with nothing paid, and one of
-// 99,999 after a paid address, are told exactly (no flag); runs of 100,001
-// are reported as at least 100,000, with no last paid index.
+// "`unpaid_run_at_least: true` when more than 100,000 addresses were handed
+// out and none of the last 100,000 was paid". A run of 100,000 with nothing
+// paid, and one of 99,999 after a paid address, are told exactly (no
+// flag); runs of 100,001 are reported as at least 100,000, with no last
+// paid index.
 func TestNetworksUnpaidRunAtLeastBeyond100000Addresses(t *testing.T) {
 	if orders.MaxGapWalk != 100_000 {
 		t.Fatalf("the walk back covers %d addresses, README says 100,000", orders.MaxGapWalk)
