@@ -37,6 +37,9 @@ type rpcFront struct {
 	// refuseOver, when non-zero, answers eth_getLogs over more blocks with
 	// {"code":-32000,"message":"too many results"}.
 	refuseOver atomic.Uint64
+	// refusal, when set before the first request, is the error refused
+	// ranges get in place of "too many results".
+	refusal string
 	// hangWiderThan, when not negative, leaves unanswered the requests
 	// reading logs over more blocks than that (until the caller gives up);
 	// hung counts them.
@@ -145,7 +148,7 @@ func (f *rpcFront) refuse(req *frontRequest, batch bool, out []byte, limit uint6
 	for _, a := range answers {
 		if wide[string(a["id"])] {
 			delete(a, "result")
-			a["error"] = json.RawMessage(`{"code":-32000,"message":"too many results"}`)
+			a["error"] = json.RawMessage(cmp.Or(f.refusal, `{"code":-32000,"message":"too many results"}`))
 		}
 	}
 	if batch {
