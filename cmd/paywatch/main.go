@@ -68,10 +68,17 @@ See README.md for the configuration and the HTTP API.
 `
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
+	level, levelErr := logLevel(getenv("PAYWATCH_LOG_LEVEL"))
 	e := &env{stdout: stdout, stderr: stderr, getenv: getenv,
-		log: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: logLevel(getenv("PAYWATCH_LOG_LEVEL"))}))}
+		log: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))}
 	if len(args) == 0 {
 		fmt.Fprint(stderr, usage)
+		return exitUsage
+	}
+	if levelErr != nil && args[0] != "help" && args[0] != "-h" && args[0] != "--help" {
+		// A misspelt level is refused rather than taken for info: the
+		// logs would quietly not be what was asked for.
+		fmt.Fprintf(stderr, "paywatch %s: %v\n", args[0], levelErr)
 		return exitUsage
 	}
 	var err error
@@ -115,10 +122,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	return exitError
 }
 
-func logLevel(s string) slog.Level {
+// logLevel reads PAYWATCH_LOG_LEVEL: debug, info (also when empty), warn
+// or error, in any case (slog's offsets such as "debug+2" are taken too).
+func logLevel(s string) (slog.Level, error) {
+	if s == "" {
+		return slog.LevelInfo, nil
+	}
 	var l slog.Level
 	if err := l.UnmarshalText([]byte(s)); err != nil {
-		return slog.LevelInfo
+		return slog.LevelInfo, fmt.Errorf("PAYWATCH_LOG_LEVEL=%q is not a log level: use debug, info, warn or error", s)
 	}
-	return l
+	return l, nil
 }

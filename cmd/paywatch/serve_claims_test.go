@@ -245,12 +245,16 @@ func TestLogLevelFromEnvironment(t *testing.T) {
 // default level leaves out.
 func TestDebugLevelLogsEachReconcilerPass(t *testing.T) {
 	for _, level := range []string{"", "info"} {
-		if logLevel(level) <= slog.LevelDebug {
-			t.Fatalf("PAYWATCH_LOG_LEVEL=%q logs debug lines (level %s), want info", level, logLevel(level))
+		if l, err := logLevel(level); err != nil || l <= slog.LevelDebug {
+			t.Fatalf("PAYWATCH_LOG_LEVEL=%q logs debug lines (level %s, %v), want info", level, l, err)
 		}
 	}
+	debug, err := logLevel("debug")
+	if err != nil {
+		t.Fatal(err)
+	}
 	var logs syncBuffer
-	d := inProcessDaemon(t, slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: logLevel("debug")})))
+	d := inProcessDaemon(t, slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: debug})))
 	ctx, stop := context.WithCancel(context.Background())
 	ran := make(chan error, 1)
 	go func() { ran <- d.Run(ctx) }()
