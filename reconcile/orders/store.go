@@ -7,6 +7,7 @@ package orders
 import (
 	"crypto/rand"
 	"fmt"
+	"io"
 	"math/big"
 	"sync"
 	"time"
@@ -34,6 +35,8 @@ type Store struct {
 	// a free unique amount starts. Cryptographically random unless a test
 	// replaces it.
 	Rand func(n int) int
+	// entropy is what the draw reads when Rand is nil: crypto/rand.Reader.
+	entropy io.Reader
 	// Sealer writes webhook bodies in the transactions that enqueue them.
 	Sealer *Sealer
 
@@ -47,7 +50,11 @@ func (s *Store) rand(n int) (int, error) {
 	if s.Rand != nil {
 		return s.Rand(n), nil
 	}
-	v, err := rand.Int(rand.Reader, big.NewInt(int64(n)))
+	src := s.entropy
+	if src == nil {
+		src = rand.Reader
+	}
+	v, err := rand.Int(src, big.NewInt(int64(n)))
 	if err != nil {
 		return 0, fmt.Errorf("draw a unique amount: %w", err)
 	}
@@ -56,7 +63,7 @@ func (s *Store) rand(n int) (int, error) {
 
 // NewStore returns a Store over db.
 func NewStore(db *sqlx.DB, monitoringWindow time.Duration, addresses AddressBook) *Store {
-	return &Store{db: db, Now: time.Now, MonitoringWindow: monitoringWindow, Addresses: addresses}
+	return &Store{db: db, Now: time.Now, MonitoringWindow: monitoringWindow, Addresses: addresses, entropy: rand.Reader}
 }
 
 // now returns the clock's time in the precision PostgreSQL keeps.
