@@ -32,19 +32,27 @@ const (
 	e2eOperatorKey   = "op_e2e_0123456789abcdef"
 )
 
-// buildBinary compiles paywatch once per test run.
-var buildBinary = sync.OnceValues(func() (string, error) {
+// buildBinary compiles paywatch once per test run; buildNodevBinary the
+// production build, without development mode.
+var (
+	buildBinary      = sync.OnceValues(func() (string, error) { return build() })
+	buildNodevBinary = sync.OnceValues(func() (string, error) { return build("-tags", "nodev") })
+)
+
+// build compiles paywatch with the go build flags given into a directory
+// of its own.
+func build(flags ...string) (string, error) {
 	dir, err := os.MkdirTemp("", "paywatch-e2e-")
 	if err != nil {
 		return "", err
 	}
 	bin := filepath.Join(dir, "paywatch")
-	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	out, err := exec.Command("go", append(append([]string{"build"}, flags...), "-o", bin, ".")...).CombinedOutput()
 	if err != nil {
-		return "", fmt.Errorf("go build: %v\n%s", err, out)
+		return "", fmt.Errorf("go build %s: %v\n%s", strings.Join(flags, " "), err, out)
 	}
 	return bin, nil
-})
+}
 
 type daemonProcess struct {
 	t    testing.TB
@@ -86,7 +94,13 @@ var listenLine = regexp.MustCompile(`msg="paywatch listening" addr=(\S+)`)
 
 func startDaemon(t testing.TB, configPath, dbURL string) *daemonProcess {
 	t.Helper()
-	bin, err := buildBinary()
+	return startBuilt(t, buildBinary, configPath, dbURL)
+}
+
+// startBuilt is startDaemon with the binary that built gives.
+func startBuilt(t testing.TB, built func() (string, error), configPath, dbURL string) *daemonProcess {
+	t.Helper()
+	bin, err := built()
 	if err != nil {
 		t.Fatal(err)
 	}

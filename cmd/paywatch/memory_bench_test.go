@@ -23,14 +23,24 @@ import (
 // BenchmarkServeMemory measures the resident memory of paywatch serve
 // watching a Bitcoin node with 1,000,000 addresses handed out to orders
 // (the watch set read from the database), beside the same daemon with
-// none. Run:
+// none, and the production build (-tags nodev) watching none. Run:
 //
 //	go test -run '^$' -bench BenchmarkServeMemory -benchtime 1x ./cmd/paywatch/
 func BenchmarkServeMemory(b *testing.B) {
 	node := btctest.New(b)
 	cfg := bitcoinConfig(b, node, 20)
-	for _, orders := range []int{0, 1_000_000} {
-		b.Run(fmt.Sprintf("addresses=%d", orders), func(b *testing.B) {
+	for _, c := range []struct {
+		name   string
+		built  func() (string, error)
+		orders int
+	}{
+		{"addresses=0", buildBinary, 0},
+		{"addresses=1000000", buildBinary, 1_000_000},
+		// The production build, without development mode's chains.
+		{"nodev-addresses=0", buildNodevBinary, 0},
+	} {
+		orders := c.orders
+		b.Run(c.name, func(b *testing.B) {
 			dbURL := pgtest.NewURL(b)
 			db, err := sqlx.Open("postgres", dbURL)
 			if err != nil {
@@ -45,7 +55,7 @@ func BenchmarkServeMemory(b *testing.B) {
 			b.Logf("%d orders written in %s", orders, time.Since(start).Round(time.Millisecond))
 			var peak int64
 			for i := 0; i < b.N; i++ {
-				d := startDaemon(b, cfg, dbURL)
+				d := startBuilt(b, c.built, cfg, dbURL)
 				// Watching: the scanner has read the node's blocks, which
 				// needs the whole watch set.
 				deadline := time.Now().Add(5 * time.Minute)

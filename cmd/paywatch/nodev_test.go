@@ -25,9 +25,9 @@ var devPackages = []string{
 // is less than half the size, refuses `dev` and `dev pay` with a message
 // that says why (exit 2), and still serves its commands (migrate here).
 func TestNodevBuildLeavesDevelopmentModeOut(t *testing.T) {
-	bin := filepath.Join(t.TempDir(), "paywatch")
-	if out, err := exec.Command("go", "build", "-tags", "nodev", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build -tags nodev: %v\n%s", err, out)
+	bin, err := buildNodevBinary()
+	if err != nil {
+		t.Fatal(err)
 	}
 	full, err := buildBinary()
 	if err != nil {
