@@ -60,19 +60,7 @@ func TestReorgWalkBackIsOneTransaction(t *testing.T) {
 
 	pgtest.Exec(t, store.db, `DROP TRIGGER reorg_refuse ON chain_reorgs`)
 	drain(t, s)
-	orphaned, seen := 0, 0
-	for h, state := range live(t, store) {
-		switch {
-		case state == "orphaned":
-			orphaned++
-			if h < "0xt46" {
-				t.Fatalf("transfer %s below the fork orphaned", h)
-			}
-		default:
-			seen++
-		}
-	}
-	if orphaned != 4 || seen != 7 {
+	if orphaned, seen := afterFork(t, store, "0xt46"); orphaned != 4 || seen != 7 {
 		t.Fatalf("%d orphaned, %d live after the walk-back; want 4 and 7", orphaned, seen)
 	}
 	var fork, old int64

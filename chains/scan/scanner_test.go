@@ -128,6 +128,24 @@ func live(t *testing.T, store *Store) map[string]string {
 	return out
 }
 
+// afterFork counts the orphaned and the live transfers, and fails the test
+// if a transfer below the fork's first (its tx hash below fork) is orphaned.
+func afterFork(t *testing.T, store *Store, fork string) (orphaned, seen int) {
+	t.Helper()
+	for h, state := range live(t, store) {
+		switch {
+		case state == "orphaned":
+			orphaned++
+			if h < fork {
+				t.Fatalf("transfer %s below the fork orphaned", h)
+			}
+		default:
+			seen++
+		}
+	}
+	return orphaned, seen
+}
+
 // Refused ranges are halved until accepted, then grown back; no block is
 // skipped or scanned twice.
 func TestAdaptiveRange(t *testing.T) {
@@ -176,19 +194,7 @@ func TestReorgWalkBack(t *testing.T) {
 	c.reorg(4, "b")
 	c.payments[48] = 2
 	drain(t, s)
-	orphaned, seen := 0, 0
-	for h, state := range live(t, store) {
-		switch {
-		case state == "orphaned":
-			orphaned++
-			if h < "0xt46" {
-				t.Fatalf("transfer %s below the fork orphaned", h)
-			}
-		default:
-			seen++
-		}
-	}
-	if orphaned != 4 || seen != 7 {
+	if orphaned, seen := afterFork(t, store, "0xt46"); orphaned != 4 || seen != 7 {
 		t.Fatalf("%d orphaned, %d live; want 4 and 7", orphaned, seen)
 	}
 	// A scanner that keeps 5 blocks of hashes meets a 20-block reorg.

@@ -151,19 +151,7 @@ func TestAPIKeysAreComparedInConstantTimeWithEveryKey(t *testing.T) {
 	if got, want := reflect.ValueOf(newKeyring(nil).equal).Pointer(), reflect.ValueOf(subtle.ConstantTimeCompare).Pointer(); got != want {
 		t.Fatal("API keys are not compared with subtle.ConstantTimeCompare")
 	}
-	cfg, err := config.Parse([]byte(authConfig), authEnv)
-	if err != nil {
-		t.Fatal(err)
-	}
-	k := newKeyring(cfg.APIKeys)
-	var calls int
-	k.equal = func(a, b []byte) int {
-		calls++
-		if len(a) != sha256.Size || len(b) != sha256.Size {
-			t.Fatalf("compared %d and %d bytes, not two SHA-256 hashes", len(a), len(b))
-		}
-		return subtle.ConstantTimeCompare(a, b)
-	}
+	cfg, k, calls := countingKeyring(t)
 	for _, c := range []struct{ presented, want string }{
 		{authKeys["SF_KEY"], "shop"}, // the first key
 		{authKeys["SF2_KEY"], "shop2"},
@@ -171,14 +159,14 @@ func TestAPIKeysAreComparedInConstantTimeWithEveryKey(t *testing.T) {
 		{"sf_auth_0123456789abcdeX", ""},        // one character off the first
 		{"not a key of this daemon at all", ""}, // nothing close
 	} {
-		calls = 0
+		*calls = 0
 		got := k.lookup(c.presented)
 		if (got == nil) != (c.want == "") || (got != nil && got.Name != c.want) {
 			t.Fatalf("lookup of %q found %+v, want %q", c.presented, got, c.want)
 		}
-		if calls != len(cfg.APIKeys) {
+		if *calls != len(cfg.APIKeys) {
 			t.Fatalf("lookup of %q (key %q) compared %d of the %d keys: it stops early, so its time tells which key matched",
-				c.presented, c.want, calls, len(cfg.APIKeys))
+				c.presented, c.want, *calls, len(cfg.APIKeys))
 		}
 	}
 }
@@ -220,4 +208,24 @@ func TestSecondNewOnTheSameConfigFailsClosed(t *testing.T) {
 			t.Fatalf("Authorization %q: %d, want 401", hdr, rec.Code)
 		}
 	}
+}
+
+// countingKeyring is the keyring of authConfig, whose comparisons are
+// counted in calls and must each be between two SHA-256 hashes.
+func countingKeyring(t *testing.T) (*config.Config, *keyring, *int) {
+	t.Helper()
+	cfg, err := config.Parse([]byte(authConfig), authEnv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := newKeyring(cfg.APIKeys)
+	calls := new(int)
+	k.equal = func(a, b []byte) int {
+		*calls++
+		if len(a) != sha256.Size || len(b) != sha256.Size {
+			t.Fatalf("compared %d with %d bytes, want two SHA-256 hashes of %d bytes", len(a), len(b), sha256.Size)
+		}
+		return subtle.ConstantTimeCompare(a, b)
+	}
+	return cfg, k, calls
 }

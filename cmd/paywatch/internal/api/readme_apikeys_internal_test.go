@@ -1,12 +1,8 @@
 package api
 
 import (
-	"crypto/sha256"
-	"crypto/subtle"
 	"strings"
 	"testing"
-
-	"github.com/paywatch/paywatch/cmd/paywatch/internal/config"
 )
 
 // apiKeysNearMisses returns keys that come close to key without being it:
@@ -42,35 +38,23 @@ func apiKeysNearMisses(key string) map[string]string {
 // configured key: neither a key's length nor how much of it matched can
 // show in the time a lookup takes.
 func TestAPIKeyLookupRefusesPrefixesLongerKeysAndNearMisses(t *testing.T) {
-	cfg, err := config.Parse([]byte(authConfig), authEnv)
-	if err != nil {
-		t.Fatal(err)
-	}
-	k := newKeyring(cfg.APIKeys)
-	var calls int
-	k.equal = func(a, b []byte) int {
-		calls++
-		if len(a) != sha256.Size || len(b) != sha256.Size {
-			t.Fatalf("compared %d with %d bytes, want two SHA-256 hashes of %d bytes", len(a), len(b), sha256.Size)
-		}
-		return subtle.ConstantTimeCompare(a, b)
-	}
+	cfg, k, calls := countingKeyring(t)
 	for env, key := range authKeys {
 		for presented, what := range apiKeysNearMisses(key) {
 			if presented == key {
 				continue
 			}
-			calls = 0
+			*calls = 0
 			if got := k.lookup(presented); got != nil {
 				t.Fatalf("%s (%q, near %s's key) is taken for key %q", what, presented, env, got.Name)
 			}
-			if calls != len(cfg.APIKeys) {
-				t.Fatalf("%s (%q): compared with %d of the %d keys, want every key", what, presented, calls, len(cfg.APIKeys))
+			if *calls != len(cfg.APIKeys) {
+				t.Fatalf("%s (%q): compared with %d of the %d keys, want every key", what, presented, *calls, len(cfg.APIKeys))
 			}
 		}
-		calls = 0
-		if got := k.lookup(key); got == nil || calls != len(cfg.APIKeys) {
-			t.Fatalf("%s's own key found %+v after %d comparisons, want its key after %d", env, got, calls, len(cfg.APIKeys))
+		*calls = 0
+		if got := k.lookup(key); got == nil || *calls != len(cfg.APIKeys) {
+			t.Fatalf("%s's own key found %+v after %d comparisons, want its key after %d", env, got, *calls, len(cfg.APIKeys))
 		}
 	}
 }
