@@ -7,6 +7,8 @@ import (
 
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
+
+	"github.com/paywatch/paywatch/migrations/pg"
 )
 
 // Payments seen in a mempool (mempool_transfers, written by the Bitcoin
@@ -122,6 +124,11 @@ func (r *Reconciler) mempool(ctx context.Context, now time.Time) (int64, error) 
 		var resolved, matched int64
 		var locked []string
 		if err := tx.SelectContext(ctx, &locked, lockMempoolOrders, now, MaxWithdrawals); err != nil {
+			return err
+		}
+		// The orders first, then the sightings, as the watchers write
+		// them: in turns.
+		if err := pg.LockSightings(ctx, tx); err != nil {
 			return err
 		}
 		if len(locked) > 0 {

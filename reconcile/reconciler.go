@@ -128,8 +128,8 @@ const maxRounds = 4
 
 // round runs each step of a pass once; claims is what is left of the
 // pass's budget of claims (followHints). Mempool sightings stand apart
-// from the transfers: the mempool step's failure (a deadlock with the
-// Bitcoin watcher, say) holds back no payment. It is returned apart
+// from the transfers: the mempool step's failure (a connection lost, a
+// statement timed out) holds back no payment. It is returned apart
 // (sightings), and the round goes on.
 func (r *Reconciler) round(ctx context.Context, now time.Time, claims *claimBudget) (res Result, sightings, err error) {
 	if res.Mempool, sightings = r.mempool(ctx, now); sightings != nil {

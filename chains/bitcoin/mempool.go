@@ -345,6 +345,9 @@ func decodeTx(raw, txid string) (*wire.MsgTx, error) {
 func (m *Mempool) record(ctx context.Context, network string, height uint64, seen []sighting, gone []string, replaced map[string]string) error {
 	now := m.Now().UTC().Truncate(time.Microsecond)
 	return pg.Tx(ctx, m.db, func(tx *sqlx.Tx) error {
+		if err := pg.LockSightings(ctx, tx); err != nil {
+			return err
+		}
 		for _, s := range seen {
 			if _, err := tx.ExecContext(ctx, `
 				INSERT INTO mempool_transfers (id, network, asset, tx_hash, tx_key, idx, to_address, amount, flags, spends,

@@ -29,6 +29,19 @@ const NotifyChannel = "paywatch_chain"
 // order's id: triggers of migration 00007 send them.
 const OrderChannel = "paywatch_order"
 
+// LockSightings takes, inside tx, the lock that has the writers of mempool
+// sightings take turns: each Bitcoin network's mempool watcher and the
+// reconciler's mempool step. Each writes several sightings, in an order of
+// its own (the node's, a plan's): two at once could each hold a sighting
+// the other waits for. Neither locks an order after it (the reconciler
+// locks its orders before), so the turn adds no wait of its own.
+func LockSightings(ctx context.Context, tx *sqlx.Tx) error {
+	if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('paywatch:mempool_transfers', 0))`); err != nil {
+		return fmt.Errorf("take the mempool sightings' lock: %w", err)
+	}
+	return nil
+}
+
 // Tx runs fn in a transaction: committed when fn returns nil, rolled back
 // otherwise.
 func Tx(ctx context.Context, db *sqlx.DB, fn func(tx *sqlx.Tx) error) error {
