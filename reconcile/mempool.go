@@ -116,19 +116,26 @@ WITH changed AS (
 
 // mempool runs the mempool statements in one transaction; it returns the
 // sightings it tied to orders or ended.
+//
+// It writes sightings in turns with the Bitcoin watchers (see
+// pg.LockSightings), but never waits for a turn: while a watcher records
+// what it read, the step is left for the next pass (which the watcher's
+// commit asks for), so that neither the rest of the pass nor the orders
+// the step would lock wait for a watcher's write.
 func (r *Reconciler) mempool(ctx context.Context, now time.Time) (int64, error) {
 	var total int64
 	err := r.Sealer.SealTx(ctx, r.db, func(tx *sqlx.Tx) error {
+		if turn, err := pg.TryLockSightings(ctx, tx); err != nil || !turn {
+			if err == nil {
+				r.log.Debug("a mempool watcher is recording; the mempool step waits for the next pass")
+			}
+			return err
+		}
 		// Matching first: a replacement is tied to its order before the
 		// sighting it replaced ends, so that a fee bump reads as one.
 		var resolved, matched int64
 		var locked []string
 		if err := tx.SelectContext(ctx, &locked, lockMempoolOrders, now, MaxWithdrawals); err != nil {
-			return err
-		}
-		// The orders first, then the sightings, as the watchers write
-		// them: in turns.
-		if err := pg.LockSightings(ctx, tx); err != nil {
 			return err
 		}
 		if len(locked) > 0 {

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"math/big"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/btcsuite/btcd/wire"
@@ -348,17 +349,30 @@ func (m *Mempool) record(ctx context.Context, network string, height uint64, see
 		if err := pg.LockSightings(ctx, tx); err != nil {
 			return err
 		}
-		for _, s := range seen {
+		if len(seen) > 0 {
+			// One statement for all: the sightings' lock is held while it
+			// runs. Flags and spent outpoints travel comma-joined (neither
+			// holds a comma).
+			n := len(seen)
+			ids, txids, keys, vouts, tos := make([]string, n), make([]string, n), make([]string, n), make([]int64, n), make([]string, n)
+			amounts, flags, spends := make([]string, n), make([]string, n), make([]string, n)
+			for i, s := range seen {
+				ids[i], txids[i], keys[i], vouts[i], tos[i] = paywatch.NewID("mpt"), s.txid, "vout:"+strconv.Itoa(s.vout), int64(s.vout), s.to
+				amounts[i], flags[i], spends[i] = s.amount.String(), strings.Join(s.flags, ","), strings.Join(s.spends, ",")
+			}
 			if _, err := tx.ExecContext(ctx, `
 				INSERT INTO mempool_transfers (id, network, asset, tx_hash, tx_key, idx, to_address, amount, flags, spends,
 					first_seen_at, updated_at)
-				VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $11)
+				SELECT id, $1, $2, tx_hash, tx_key, idx, to_address, amount::numeric,
+					coalesce(string_to_array(NULLIF(flags, ''), ','), '{}'), coalesce(string_to_array(NULLIF(spends, ''), ','), '{}'), $3, $3
+				FROM unnest($4::text[], $5::text[], $6::text[], $7::bigint[], $8::text[], $9::text[], $10::text[], $11::text[])
+					AS u(id, tx_hash, tx_key, idx, to_address, amount, flags, spends)
 				ON CONFLICT (network, tx_hash, tx_key) DO UPDATE SET missing_at_height = NULL, missing_since = NULL, left_at = NULL,
-					left_reason = NULL, replaced_by = NULL, order_id = NULL, dirty = true, updated_at = $11
+					left_reason = NULL, replaced_by = NULL, order_id = NULL, dirty = true, updated_at = $3
 				WHERE mempool_transfers.missing_at_height IS NOT NULL OR mempool_transfers.left_at IS NOT NULL`,
-				paywatch.NewID("mpt"), network, m.src.asset.Symbol, s.txid, "vout:"+strconv.Itoa(s.vout), s.vout, s.to,
-				s.amount.String(), pq.Array(nonNil(s.flags)), pq.Array(nonNil(s.spends)), now); err != nil {
-				return fmt.Errorf("record mempool payment %s:%d: %w", s.txid, s.vout, err)
+				network, m.src.asset.Symbol, now, pq.Array(ids), pq.Array(txids), pq.Array(keys), pq.Array(vouts), pq.Array(tos),
+				pq.Array(amounts), pq.Array(flags), pq.Array(spends)); err != nil {
+				return fmt.Errorf("record %d mempool payments: %w", n, err)
 			}
 		}
 		if len(gone) > 0 {
@@ -372,20 +386,18 @@ func (m *Mempool) record(ctx context.Context, network string, height uint64, see
 				return fmt.Errorf("record payments gone from the mempool: %w", err)
 			}
 		}
-		for old, by := range replaced {
-			if _, err := tx.ExecContext(ctx, `UPDATE mempool_transfers SET replaced_by = $3, updated_at = $4
-				WHERE network = $1 AND tx_hash = $2 AND left_at IS NULL`, network, old, by, now); err != nil {
-				return fmt.Errorf("record a replacement: %w", err)
+		if len(replaced) > 0 {
+			var olds, bys []string
+			for old, by := range replaced {
+				olds, bys = append(olds, old), append(bys, by)
+			}
+			if _, err := tx.ExecContext(ctx, `UPDATE mempool_transfers m SET replaced_by = r.by, updated_at = $2
+				FROM unnest($3::text[], $4::text[]) AS r(old, by)
+				WHERE m.network = $1 AND m.tx_hash = r.old AND m.left_at IS NULL`, network, now, pq.Array(olds), pq.Array(bys)); err != nil {
+				return fmt.Errorf("record %d replacements: %w", len(olds), err)
 			}
 		}
 		_, err := tx.ExecContext(ctx, `SELECT pg_notify($1, $2)`, pg.NotifyChannel, network)
 		return err
 	})
-}
-
-func nonNil(s []string) []string {
-	if s == nil {
-		return []string{}
-	}
-	return s
 }

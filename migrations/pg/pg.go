@@ -29,17 +29,29 @@ const NotifyChannel = "paywatch_chain"
 // order's id: triggers of migration 00007 send them.
 const OrderChannel = "paywatch_order"
 
-// LockSightings takes, inside tx, the lock that has the writers of mempool
+// sightingsLock is the key of the lock under which the writers of mempool
 // sightings take turns: each Bitcoin network's mempool watcher and the
 // reconciler's mempool step. Each writes several sightings, in an order of
 // its own (the node's, a plan's): two at once could each hold a sighting
-// the other waits for. Neither locks an order after it (the reconciler
-// locks its orders before), so the turn adds no wait of its own.
+// the other waits for. Neither locks an order once it holds it.
+const sightingsLock = `hashtextextended('paywatch:mempool_transfers', 0)`
+
+// LockSightings takes the sightings' lock inside tx, waiting for it.
 func LockSightings(ctx context.Context, tx *sqlx.Tx) error {
-	if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('paywatch:mempool_transfers', 0))`); err != nil {
+	if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(`+sightingsLock+`)`); err != nil {
 		return fmt.Errorf("take the mempool sightings' lock: %w", err)
 	}
 	return nil
+}
+
+// TryLockSightings takes the sightings' lock inside tx if no one holds it,
+// and says whether it did.
+func TryLockSightings(ctx context.Context, tx *sqlx.Tx) (bool, error) {
+	var ok bool
+	if err := tx.GetContext(ctx, &ok, `SELECT pg_try_advisory_xact_lock(`+sightingsLock+`)`); err != nil {
+		return false, fmt.Errorf("try the mempool sightings' lock: %w", err)
+	}
+	return ok, nil
 }
 
 // Tx runs fn in a transaction: committed when fn returns nil, rolled back
