@@ -87,10 +87,12 @@ WITH cand AS (
 
 // lockMempoolOrders locks, by id, the orders matchMempool would tie
 // sightings to: orders are locked before what is tied to them, here as
-// everywhere (tying a sighting marks its order has_transfers).
+// everywhere (tying a sighting marks its order has_transfers). An order
+// another transaction holds is skipped (its sighting waits for the next
+// pass): the step holds the sightings' turn, and waits for no one.
 const lockMempoolOrders = mempoolCandidates + `
 SELECT o.id FROM orders o WHERE o.id IN (SELECT oid FROM cand) AND $1::timestamptz IS NOT NULL
-ORDER BY o.id FOR NO KEY UPDATE`
+ORDER BY o.id FOR NO KEY UPDATE SKIP LOCKED`
 
 // matchMempool ties each open sighting with exactly one candidate order,
 // among the orders locked ($3), to it. The order's timeline says a payment

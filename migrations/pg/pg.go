@@ -33,7 +33,11 @@ const OrderChannel = "paywatch_order"
 // sightings take turns: each Bitcoin network's mempool watcher and the
 // reconciler's mempool step. Each writes several sightings, in an order of
 // its own (the node's, a plan's): two at once could each hold a sighting
-// the other waits for. Neither locks an order once it holds it.
+// the other waits for. The rule that keeps the lock out of any deadlock:
+// no one waits for it while holding a row lock, and no one holding it
+// waits for a row lock someone else may hold. The watchers take it first
+// and lock no order; the reconciler only tries it, first, and then locks
+// its orders skipping those held elsewhere.
 const sightingsLock = `hashtextextended('paywatch:mempool_transfers', 0)`
 
 // LockSightings takes the sightings' lock inside tx, waiting for it.
