@@ -370,17 +370,7 @@ func (f *fixture) waitForLockWait() {
 // and fails the test when they do not within 10 s.
 func (f *fixture) waitForLockWaits(n int) {
 	f.t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-		var waiting int
-		if err := f.db.Get(&waiting, `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock'`); err != nil {
-			f.t.Fatal(err)
-		}
-		if waiting >= n {
-			return
-		}
-	}
-	f.t.Fatalf("fewer than %d sessions waited on a lock within 10 s", n)
+	pgtest.WaitForLockWaits(f.t, f.db, n)
 }
 
 // holdOrder begins a transaction that holds the order's row lock, as an

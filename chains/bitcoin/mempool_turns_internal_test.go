@@ -52,7 +52,7 @@ func TestMempoolWatcherAndReconcilerTakeTurnsWithoutDeadlock(t *testing.T) {
 	rec := reconcile.New(db, slog.New(slog.NewTextHandler(io.Discard, nil)), time.Hour, 48*time.Hour)
 	passed := make(chan error, 1)
 	go func() { _, err := rec.Pass(context.Background()); passed <- err }()
-	waitForLockWaits(t, db, 1) // the pass, at a
+	pgtest.WaitForLockWaits(t, db, 1) // the pass, at a
 
 	m := &Mempool{src: &Source{asset: &paywatch.Asset{Network: "bitcoin", Symbol: "BTC"}}, db: db, Now: time.Now}
 	recorded := make(chan error, 1)
@@ -62,7 +62,7 @@ func TestMempoolWatcherAndReconcilerTakeTurnsWithoutDeadlock(t *testing.T) {
 			[]sighting{{txid: "bb", vout: 0, to: "bcrt1qshop", amount: big.NewInt(1000), flags: []string{}, spends: []string{}}},
 			[]string{"aa"}, nil)
 	}()
-	waitForLockWaits(t, db, 2) // the watcher too
+	pgtest.WaitForLockWaits(t, db, 2) // the watcher too
 	if err := holder.Commit(); err != nil {
 		t.Fatal(err)
 	}
@@ -80,20 +80,4 @@ func TestMempoolWatcherAndReconcilerTakeTurnsWithoutDeadlock(t *testing.T) {
 	if err := db.Get(&missing, `SELECT count(*) FROM mempool_transfers WHERE tx_hash = 'aa' AND missing_at_height IS NOT NULL`); err != nil || missing != 1 {
 		t.Fatalf("the watcher's record of a as missing: %d rows (%v)", missing, err)
 	}
-}
-
-// waitForLockWaits waits until n sessions of db's database wait on locks.
-func waitForLockWaits(t *testing.T, db *sqlx.DB, n int) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-		var waiting int
-		if err := db.Get(&waiting, `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock'`); err != nil {
-			t.Fatal(err)
-		}
-		if waiting >= n {
-			return
-		}
-	}
-	t.Fatalf("fewer than %d sessions waited on a lock within 10 s", n)
 }

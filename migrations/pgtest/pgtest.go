@@ -123,3 +123,20 @@ func Exec(t testing.TB, db *sqlx.DB, query string, args ...any) {
 		t.Fatalf("pgtest: %s: %v", fmt.Sprintf("%.80s", query), err)
 	}
 }
+
+// WaitForLockWaits waits until n sessions of db's database wait on locks,
+// and fails the test when they do not within 10 s.
+func WaitForLockWaits(t testing.TB, db *sqlx.DB, n int) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		var waiting int
+		if err := db.Get(&waiting, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'`); err != nil {
+			t.Fatalf("pgtest: %v", err)
+		}
+		if waiting >= n {
+			return
+		}
+	}
+	t.Fatalf("fewer than %d sessions waited on a lock within 10 s", n)
+}
