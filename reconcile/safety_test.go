@@ -510,10 +510,12 @@ func TestHintFloodNeitherStallsNorStarves(t *testing.T) {
 
 // Orders are locked by id, the scanner's too: a scan commit notes the
 // height of orders created before the network's first commit, and takes
-// their locks in id order. A pass holding the lowest of three orders and
-// waiting for the middle one (held by a storefront), and a scan commit that
-// must note the lowest and the highest, both go through once the storefront
-// lets go: neither holds what the other waits for.
+// their locks in id order. A transaction locking orders by id as paywatch's
+// do (a pass matching payments, an operator's action), holding the lowest
+// of three orders and waiting for the middle one (held by a storefront),
+// and a scan commit that must note the lowest and the highest, both go
+// through once the storefront lets go: neither holds what the other waits
+// for.
 func TestScanCommitLocksOrdersWithoutAHeightByID(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
@@ -524,9 +526,6 @@ func TestScanCommitLocksOrdersWithoutAHeightByID(t *testing.T) {
 	slices.SortFunc(os, func(a, b *paywatch.Order) int { return strings.Compare(a.ID, b.ID) })
 	lo, mid, hi := os[0], os[1], os[2]
 	f.clock.Advance(time.Second)
-	for i, o := range os {
-		f.sight(o, o.PayAddress, o.PayAmount.Int64(), fmt.Sprintf("c-%d", i))
-	}
 	// No height yet, the highest order's row version first in the table.
 	pgtest.Exec(t, f.db, `UPDATE orders SET created_height = NULL WHERE id = $1`, hi.ID)
 	pgtest.Exec(t, f.db, `UPDATE orders SET created_height = NULL WHERE id = $1`, lo.ID)
@@ -547,17 +546,25 @@ func TestScanCommitLocksOrdersWithoutAHeightByID(t *testing.T) {
 	commit.First, commit.Cursor = next, &scan.Block{Number: next, Hash: "0xnext"}
 
 	holder := f.holdOrder(mid.ID) // a storefront's action on the middle order
-	pass := make(chan error, 1)
-	go func() { _, err := f.rec.Pass(ctx); pass <- err }()
-	f.waitForLockWait() // the pass holds the lowest, waits for the middle
+	locker := f.holdOrder(lo.ID)  // the lowest first, by id
+	locked := make(chan error, 1)
+	go func() {
+		if _, err := locker.Exec(`SELECT 1 FROM orders WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE`,
+			pq.Array([]string{mid.ID, hi.ID})); err != nil {
+			locked <- err
+			return
+		}
+		locked <- locker.Commit()
+	}()
+	f.waitForLockWait() // it holds the lowest, waits for the middle
 	scanned := make(chan error, 1)
 	go func() { _, err := scan.NewStore(f.db).Commit(ctx, commit); scanned <- err }()
 	f.waitForLockWaits(2) // and the scan commit waits too
 	if err := holder.Commit(); err != nil {
 		t.Fatal(err)
 	}
-	if err := <-pass; err != nil {
-		t.Fatalf("the pass: %v", err)
+	if err := <-locked; err != nil {
+		t.Fatalf("the transaction locking orders by id: %v", err)
 	}
 	if err := <-scanned; err != nil {
 		t.Fatalf("the scan commit: %v", err)
