@@ -11,10 +11,12 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"maps"
 	"math/big"
 	"net"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/ethereum/go-ethereum/accounts/abi"
 	"github.com/ethereum/go-ethereum/common"
@@ -134,11 +136,32 @@ func (c *Chain) Head(ctx context.Context) (uint64, error) { return c.Client.Bloc
 
 // Mine seals n blocks and returns the hash of the last.
 func (c *Chain) Mine(n int) common.Hash {
+	c.waitForPool()
 	var h common.Hash
 	for range n {
 		h = c.Backend.Commit()
 	}
 	return h
+}
+
+// waitForPool waits, up to a second, until the pool holds every
+// transaction Send handed over as ready to mine: it takes them in the
+// background, and a block made before would leave the last ones out.
+func (c *Chain) waitForPool() {
+	c.mu.Lock()
+	sent := maps.Clone(c.nonces)
+	c.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	for from, next := range sent {
+		for {
+			pending, err := c.Client.PendingNonceAt(ctx, from)
+			if err != nil || pending >= next || ctx.Err() != nil {
+				break
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
 }
 
 // ForgetNonces makes the next sends read nonces from the chain again
