@@ -151,17 +151,25 @@ func devCommand(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	shop := devchain.Address(shopKey)
+	// The miner stops before the chain closes, whatever ends dev.
+	mining, stopMining := context.WithCancel(ctx)
+	mined := make(chan struct{})
 	go func() {
+		defer close(mined)
 		tick := time.NewTicker(*blockTime)
 		defer tick.Stop()
 		for {
 			select {
-			case <-ctx.Done():
+			case <-mining.Done():
 				return
 			case <-tick.C:
 				chain.Mine(1)
 			}
 		}
+	}()
+	defer func() {
+		stopMining()
+		<-mined
 	}()
 
 	state := devState{RPC: chain.URL, StorefrontKey: e.getenv("PAYWATCH_STOREFRONT_KEY"),
