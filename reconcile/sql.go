@@ -230,7 +230,10 @@ ORDER BY l.id`
 
 // applyTransitions moves orders as decided ($2 ids, $3 from, $4 to, $5
 // reasons, $6 causes), each with its timeline event and webhook, and only
-// if the order is still where it was decided from.
+// if the order is still where it was decided from. The orders are reached
+// by id through their primary key (o.id = ANY): joined with the unnest
+// alone, the planner hashed every order of the table for each batch, and a
+// pass over n orders cost n × (orders in the table).
 var applyTransitions = `
 WITH d AS (
 	SELECT * FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[]) AS d(id, from_status, to_status, reason, cause)
@@ -238,7 +241,7 @@ WITH d AS (
 	UPDATE orders o SET status = d.to_status, dispute_reason = NULLIF(d.reason, ''),
 		settled_at = CASE WHEN d.to_status = 'settled' THEN $1 WHEN d.from_status = 'settled' THEN NULL ELSE o.settled_at END,
 		updated_at = $1
-	FROM d WHERE o.id = d.id AND o.status = d.from_status
+	FROM d WHERE o.id = ANY($2::text[]) AND o.id = d.id AND o.status = d.from_status
 	RETURNING o.id, d.from_status, d.to_status, d.reason, d.cause
 ), ev AS (
 	INSERT INTO order_events (order_id, at, type, from_status, to_status, actor, detail)
