@@ -92,6 +92,27 @@ func TestUnbalancedRejectedInGoAndByTheDatabase(t *testing.T) {
 	}
 }
 
+// A posting must belong to an entry that exists: the database checks it
+// once per statement, over every row the statement added, among them rows
+// of entries that do exist.
+func TestPostingOfAMissingEntryIsRefusedByTheDatabase(t *testing.T) {
+	db := pgtest.New(t)
+	id, _, err := post(t, db, ledger.Move(ledger.KindReceipt, "r", "eth", "ETH", "wallet:eth:0x1", "suspense:eth:ETH", big.NewInt(9)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = db.Exec(`INSERT INTO ledger_postings (entry_id, account, network, asset, amount)
+		VALUES ($1, 'wallet:eth:0x1', 'eth', 'ETH', 3), ($1, 'suspense:eth:ETH', 'eth', 'ETH', -3),
+		       ($1 + 1000, 'wallet:eth:0x1', 'eth', 'ETH', 3), ($1 + 1000, 'suspense:eth:ETH', 'eth', 'ETH', -3)`, id)
+	if err == nil || !strings.Contains(err.Error(), "does not exist") {
+		t.Fatalf("postings of a missing entry: %v", err)
+	}
+	var n int
+	if err := db.Get(&n, `SELECT count(*) FROM ledger_postings`); err != nil || n != 2 {
+		t.Fatalf("%d postings stored (%v), want the entry's 2 alone", n, err)
+	}
+}
+
 func TestAppendOnly(t *testing.T) {
 	db := pgtest.New(t)
 	id, _, err := post(t, db, ledger.Move(ledger.KindReceipt, "r", "eth", "ETH", "wallet:eth:0x1", "suspense:eth:ETH", big.NewInt(9)))
