@@ -11,7 +11,6 @@ import (
 
 	"github.com/paywatch/paywatch"
 	"github.com/paywatch/paywatch/migrations/pg"
-	"github.com/paywatch/paywatch/reconcile/webhook"
 )
 
 // Sealer writes the bodies of webhook events: the event with its order as
@@ -61,14 +60,14 @@ func (s *Sealer) Seal(ctx context.Context, tx *sqlx.Tx) (int, error) {
 		if !ok {
 			return 0, fmt.Errorf("seal webhook %s: order %s not found", r.ID, r.OrderID)
 		}
-		body, err := json.Marshal(webhook.Event{ID: r.ID, Type: r.Type, CreatedAt: r.CreatedAt.UTC(), Order: view})
+		body, err := appendEvent(nil, r.ID, r.Type, r.CreatedAt, view)
 		if err != nil {
 			return 0, fmt.Errorf("seal webhook %s: %w", r.ID, err)
 		}
 		eventIDs[i], bodies[i] = r.ID, string(body)
 	}
 	if _, err := tx.ExecContext(ctx, `UPDATE webhook_outbox w SET body = u.body
-		FROM unnest($1::text[], $2::text[]) AS u(id, body) WHERE w.id = u.id`, pq.Array(eventIDs), pq.Array(bodies)); err != nil {
+		FROM unnest($1::text[], $2::text[]) AS u(id, body) WHERE w.id = ANY($1::text[]) AND w.id = u.id`, pq.Array(eventIDs), pq.Array(bodies)); err != nil {
 		return 0, fmt.Errorf("seal %d webhook events: %w", len(rows), err)
 	}
 	return len(rows), nil
@@ -111,6 +110,36 @@ func (s *Sealer) render(ctx context.Context, tx *sqlx.Tx, orderIDs []string) (ma
 	return views, nil
 }
 
+// eventEnvelope is about what an event's body adds to its order's view.
+const eventEnvelope = 96
+
+// appendEvent appends the body of a webhook event to dst: what
+// json.Marshal makes of webhook.Event{ID: id, Type: typ, CreatedAt: at in
+// UTC, Order: view}, byte for byte. The view, rendered by json.Marshal
+// moments before, is copied as it is: json.Marshal would check and compact
+// it once more, which was a sixth of a pass settling thousands of orders.
+func appendEvent(dst []byte, id, typ string, at time.Time, view json.RawMessage) ([]byte, error) {
+	dst = append(dst, `{"id":`...)
+	dst = appendJSONString(dst, id)
+	dst = append(dst, `,"type":`...)
+	dst = appendJSONString(dst, typ)
+	dst = append(dst, `,"created_at":`...)
+	created, err := at.UTC().MarshalJSON()
+	if err != nil {
+		return dst, err
+	}
+	dst = append(dst, created...)
+	dst = append(dst, `,"order":`...)
+	dst = append(dst, view...)
+	return append(dst, '}'), nil
+}
+
+// appendJSONString appends s as json.Marshal renders a string.
+func appendJSONString(dst []byte, s string) []byte {
+	b, _ := json.Marshal(s) // a string always marshals
+	return append(dst, b...)
+}
+
 // Event is a webhook event to enqueue: its type (order.settled, …) and
 // its order.
 type Event struct {
@@ -143,17 +172,21 @@ func (s *Sealer) Enqueue(ctx context.Context, tx *sqlx.Tx, at time.Time, events 
 		if err != nil {
 			return err
 		}
+		size := 0
+		for _, v := range views {
+			size += len(v)
+		}
+		bodies = make([]byte, 0, size+len(events)*(eventEnvelope+len(ids[0])))
 		for i, e := range events {
 			view, ok := views[e.OrderID]
 			if !ok {
 				return fmt.Errorf("webhook %s: order %s not found", e.Type, e.OrderID)
 			}
-			body, err := json.Marshal(webhook.Event{ID: ids[i], Type: e.Type, CreatedAt: at.UTC(), Order: view})
-			if err != nil {
+			n := len(bodies)
+			if bodies, err = appendEvent(bodies, ids[i], e.Type, at, view); err != nil {
 				return fmt.Errorf("seal webhook %s: %w", ids[i], err)
 			}
-			bodies = append(bodies, body...)
-			lengths[i] = int64(len(body))
+			lengths[i] = int64(len(bodies) - n)
 		}
 	}
 	if bodies == nil {
