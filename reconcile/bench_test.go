@@ -26,6 +26,16 @@ var benchOrders = func() int {
 	return 100_000
 }()
 
+// benchHistory is how many settled orders of the past the database holds
+// beside them (PAYWATCH_BENCH_HISTORY; none by default): a pass must cost
+// what it moves, not what the shop has ever sold.
+var benchHistory = func() int {
+	if n, err := strconv.Atoi(os.Getenv("PAYWATCH_BENCH_HISTORY")); err == nil && n > 0 {
+		return n
+	}
+	return 0
+}()
+
 // seedMatched fills a fresh database with n confirming orders, each with its
 // exact confirmed transfer matched and its receipt and attribution posted:
 // what a pass finds just before it settles them.
@@ -44,6 +54,13 @@ func seedMatched(b *testing.B, n int) (*sqlx.DB, time.Time) {
 		SELECT 'trf_' || lpad(g::text, 8, '0'), 'ethereum', 'USDT', 'c', '0x' || lpad(to_hex(g), 64, '0'), 'k', 0, '0xshop',
 			1000000 + g, g, '0xb' || g, 'confirmed', 'ord_' || lpad(g::text, 8, '0'), 'amount', $1::timestamptz, $1::timestamptz, $1::timestamptz
 		FROM generate_series(1, $2) g`,
+		`INSERT INTO orders (id, external_id, request_hash, network, asset, asset_contract, amount, pay_amount,
+			pay_address, unique_k, status, created_at, expires_at, monitor_until, updated_at, settled_at, created_height,
+			earliest_block_time, has_transfers)
+		SELECT 'ord_h' || lpad(g::text, 8, '0'), 'past-' || g, '\x00', 'ethereum', 'USDT', 'c', 1000000 + g, 1000000 + g,
+			'0xshop', g % 10000, 'settled', $1::timestamptz - interval '30 days', $1::timestamptz - interval '29 days',
+			$1::timestamptz - interval '28 days', $1::timestamptz, $1::timestamptz, 0, $1::timestamptz, true
+		FROM generate_series(1, ` + strconv.Itoa(benchHistory) + `) g WHERE $2::int IS NOT NULL`,
 	} {
 		if _, err := db.Exec(q, now, n); err != nil {
 			b.Fatal(err)
