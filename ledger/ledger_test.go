@@ -113,6 +113,29 @@ func TestPostingOfAMissingEntryIsRefusedByTheDatabase(t *testing.T) {
 	}
 }
 
+// The check finds the ledger's own entries, whatever a session puts first
+// on its search path: a temporary table named ledger_entries vouches for
+// nothing.
+func TestATemporaryTableCannotVouchForAMissingEntry(t *testing.T) {
+	db := pgtest.New(t)
+	ctx := context.Background()
+	conn, err := db.Connx(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	for _, q := range []string{`CREATE TEMP TABLE ledger_entries (id bigint)`, `INSERT INTO pg_temp.ledger_entries VALUES (424242)`} {
+		if _, err := conn.ExecContext(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err = conn.ExecContext(ctx, `INSERT INTO public.ledger_postings (entry_id, account, network, asset, amount)
+		VALUES (424242, 'order:x', 'eth', 'ETH', -5), (424242, 'settled:eth:ETH', 'eth', 'ETH', 5)`)
+	if err == nil || !strings.Contains(err.Error(), "does not exist") {
+		t.Fatalf("postings vouched for by a temporary table: %v", err)
+	}
+}
+
 func TestAppendOnly(t *testing.T) {
 	db := pgtest.New(t)
 	id, _, err := post(t, db, ledger.Move(ledger.KindReceipt, "r", "eth", "ETH", "wallet:eth:0x1", "suspense:eth:ETH", big.NewInt(9)))
@@ -125,6 +148,17 @@ func TestAppendOnly(t *testing.T) {
 		`DELETE FROM ledger_entries WHERE id = $1`,
 	} {
 		if _, err := db.Exec(q, id); err == nil || !strings.Contains(err.Error(), "append-only") {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	// Emptying the entries would leave their postings to whatever entries
+	// take their ids next.
+	for _, q := range []string{
+		`TRUNCATE ledger_entries, ledger_postings`,
+		`TRUNCATE ledger_postings`,
+		`TRUNCATE ledger_entries RESTART IDENTITY CASCADE`,
+	} {
+		if _, err := db.Exec(q); err == nil || !strings.Contains(err.Error(), "append-only") {
 			t.Fatalf("%s: %v", q, err)
 		}
 	}

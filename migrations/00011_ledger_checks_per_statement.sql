@@ -32,7 +32,26 @@ BEGIN
 END $$;
 -- +goose StatementEnd
 
+-- The check names ledger_entries: it must find the ledger's own table,
+-- never one a session puts first on its search_path (a temporary table of
+-- that name would otherwise vouch for entries that do not exist).
+-- +goose StatementBegin
+DO $$ BEGIN
+    EXECUTE format('ALTER FUNCTION ledger_check_balanced() SET search_path = %I, pg_catalog, pg_temp', current_schema());
+END $$;
+-- +goose StatementEnd
+
+-- Append-only covers TRUNCATE too: emptying the entries would leave their
+-- postings to whatever entries take their ids next.
+CREATE TRIGGER ledger_entries_no_truncate BEFORE TRUNCATE ON ledger_entries
+    FOR EACH STATEMENT EXECUTE FUNCTION ledger_append_only();
+CREATE TRIGGER ledger_postings_no_truncate BEFORE TRUNCATE ON ledger_postings
+    FOR EACH STATEMENT EXECUTE FUNCTION ledger_append_only();
+
 -- +goose Down
+DROP TRIGGER ledger_postings_no_truncate ON ledger_postings;
+DROP TRIGGER ledger_entries_no_truncate ON ledger_entries;
+ALTER FUNCTION ledger_check_balanced() RESET search_path;
 -- +goose StatementBegin
 CREATE OR REPLACE FUNCTION ledger_check_balanced() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
