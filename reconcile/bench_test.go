@@ -78,6 +78,9 @@ func seedMatched(b *testing.B, n int) (*sqlx.DB, time.Time) {
 	return db, now
 }
 
+// benchBodySize is about the size of a settled order's webhook body here.
+const benchBodySize = 790
+
 // BenchmarkSettle100k compares one reconciler pass settling 100,000 matched
 // orders (with their timeline events, webhooks and ledger entries) with a
 // bare set-based UPDATE of the same rows' status. Run:
@@ -99,6 +102,43 @@ func BenchmarkSettle100k(b *testing.B) {
 			}
 		}
 	})
+	// The rows a pass writes for each settled order, written by hand in
+	// one statement: the status change, its timeline event, its webhook
+	// event with a body of the same size, its settlement entry and two
+	// postings, its review consumed. What the pass costs beyond this is
+	// paywatch's; this much is the design's.
+	b.Run("bare-writes", func(b *testing.B) {
+		for b.Loop() {
+			b.StopTimer()
+			db, _ := seedMatched(b, benchOrders)
+			b.StartTimer()
+			var n int
+			if err := db.Get(&n, `
+WITH moved AS (
+	UPDATE orders SET status = 'settled', settled_at = now(), updated_at = now()
+	WHERE status = 'confirming' RETURNING id, network, asset, pay_amount
+), ev AS (
+	INSERT INTO order_events (order_id, at, type, from_status, to_status, actor)
+	SELECT id, now(), 'status_changed', 'confirming', 'settled', 'reconciler' FROM moved
+), wh AS (
+	INSERT INTO webhook_outbox (id, order_id, type, created_at, next_attempt_at, body)
+	SELECT 'evt_' || md5(id), id, 'order.settled', now(), now(), repeat('x', $1) FROM moved
+), s AS (
+	SELECT nextval('ledger_entries_id_seq') AS eid, id, network, asset, pay_amount FROM moved
+), entries AS (
+	INSERT INTO ledger_entries (id, at, kind, ref, order_id) SELECT eid, now(), 'settlement', id || '#' || eid, id FROM s
+), postings AS (
+	INSERT INTO ledger_postings (entry_id, account, network, asset, amount)
+	SELECT s.eid, v.account, s.network, s.asset, v.amount FROM s
+	CROSS JOIN LATERAL (VALUES ('order:' || s.id, s.pay_amount), ('settled:' || s.network || ':' || s.asset, -s.pay_amount)) AS v(account, amount)
+), reviewed AS (
+	DELETE FROM order_reviews WHERE order_id IN (SELECT id FROM moved)
+)
+SELECT count(*) FROM moved`, benchBodySize); err != nil || n != benchOrders {
+				b.Fatalf("%d rows (%v)", n, err)
+			}
+		}
+	})
 	b.Run("reconciler-pass", func(b *testing.B) {
 		for b.Loop() {
 			b.StopTimer()
@@ -117,6 +157,13 @@ func BenchmarkSettle100k(b *testing.B) {
 			if res.Transitions != int64(benchOrders) {
 				b.Fatalf("pass: %v", res)
 			}
+			b.StopTimer()
+			var body float64
+			if err := db.Get(&body, `SELECT avg(length(body)) FROM webhook_outbox`); err != nil {
+				b.Fatal(err)
+			}
+			b.ReportMetric(body, "body-bytes")
+			b.StartTimer()
 			// The next pass finds nothing to do; it must stay cheap however
 			// many orders and transfers the database holds.
 			b.StopTimer()
