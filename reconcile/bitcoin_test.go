@@ -251,6 +251,57 @@ func TestBitcoinPaymentDetected(t *testing.T) {
 	}
 }
 
+// A payment spending several coins is tracked by every one of them, across
+// a restart of the watcher (which reads what it tracks from the database):
+// a replacement spending only its second coin still withdraws it as
+// replaced.
+func TestBitcoinReplacementOfOneOfSeveralInputsWithdrawsThePayment(t *testing.T) {
+	e := newBTCEnv(t)
+	o := e.order(150_000)
+	a, b := e.node.Coin(100_000), e.node.Coin(100_000)
+	e.sync()
+	first, err := e.node.SpendCoins([]*btctest.Coin{a, b}, 1_000, btctest.Output{Address: o.PayAddress, Sats: 150_000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.mempool()
+	e.pass()
+	e.expect(o, paywatch.StatusConfirming, "")
+	var spends []string
+	if err := e.db.Select(&spends, `SELECT unnest(spends) FROM mempool_transfers WHERE tx_hash = $1`, first); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{a.OutPoint.String(), b.OutPoint.String()}
+	slices.Sort(spends)
+	slices.Sort(want)
+	if !slices.Equal(spends, want) {
+		t.Fatalf("the sighting stored spends %q, want each input's outpoint %q", spends, want)
+	}
+
+	// The watcher restarts, then the customer spends the second coin
+	// elsewhere with a higher fee.
+	e.memp = bitcoin.NewMempool(e.source, e.db, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	e.memp.Now = e.clock.Now
+	replacement, err := e.node.Spend(b, 30_000, btctest.Output{Address: "bcrt1qw508d6qejxtdg4y5r3zarvary0c5xw7kygt080", Sats: 60_000})
+	if err != nil {
+		t.Fatalf("the node refused the replacement: %v", err)
+	}
+	if e.node.InMempool(first) {
+		t.Fatal("the payment is still in the mempool: the test tests nothing")
+	}
+	e.mempool()
+	e.pass()
+	e.expect(o, paywatch.StatusAwaitingPayment, "")
+	var why, by string
+	if err := e.db.QueryRow(`SELECT detail->>'why', coalesce(detail->>'replaced_by', '') FROM order_events
+		WHERE order_id = $1 AND type = 'payment_withdrawn'`, o.ID).Scan(&why, &by); err != nil {
+		t.Fatal(err)
+	}
+	if why != "replaced" || by != replacement {
+		t.Fatalf("withdrawn as %q by %q, want replaced by %s", why, by, replacement)
+	}
+}
+
 // A replaced (RBF) payment leaves the "detected" view: the order goes back
 // to awaiting payment and its timeline says the payment was replaced, and
 // by what. A replacement that still pays the order (a fee bump) keeps it

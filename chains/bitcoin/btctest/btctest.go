@@ -214,11 +214,21 @@ func (n *Node) Coin(sats int64) *Coin {
 // node's refusal.
 func (n *Node) Spend(c *Coin, fee int64, outputs ...Output) (string, error) {
 	n.t.Helper()
+	return n.SpendCoins([]*Coin{c}, fee, outputs...)
+}
+
+// SpendCoins is Spend of several coins in one transaction, one input each;
+// the rest goes back to the first coin's key.
+func (n *Node) SpendCoins(coins []*Coin, fee int64, outputs ...Output) (string, error) {
+	n.t.Helper()
 	tx := wire.NewMsgTx(2)
-	in := wire.NewTxIn(&c.OutPoint, nil, nil)
-	in.Sequence = wire.MaxTxInSequenceNum - 2 // replaceable
-	tx.AddTxIn(in)
-	rest := c.Sats - fee
+	rest := -fee
+	for _, c := range coins {
+		in := wire.NewTxIn(&c.OutPoint, nil, nil)
+		in.Sequence = wire.MaxTxInSequenceNum - 2 // replaceable
+		tx.AddTxIn(in)
+		rest += c.Sats
+	}
 	for _, o := range outputs {
 		addr, err := btcutil.DecodeAddress(o.Address, Params)
 		if err != nil {
@@ -232,16 +242,18 @@ func (n *Node) Spend(c *Coin, fee int64, outputs ...Output) (string, error) {
 		rest -= o.Sats
 	}
 	if rest < 0 {
-		n.t.Fatalf("btctest: the coin holds %d sats, the outputs and fee want %d more", c.Sats, -rest)
+		n.t.Fatalf("btctest: the coins hold %d sats too few for the outputs and fee", -rest)
 	}
 	if rest >= 1000 {
-		tx.AddTxOut(wire.NewTxOut(rest, c.script))
+		tx.AddTxOut(wire.NewTxOut(rest, coins[0].script))
 	}
-	sig, err := txscript.SignatureScript(tx, 0, c.script, txscript.SigHashAll, c.key, true)
-	if err != nil {
-		n.t.Fatalf("btctest: sign: %v", err)
+	for i, c := range coins {
+		sig, err := txscript.SignatureScript(tx, i, c.script, txscript.SigHashAll, c.key, true)
+		if err != nil {
+			n.t.Fatalf("btctest: sign: %v", err)
+		}
+		tx.TxIn[i].SignatureScript = sig
 	}
-	tx.TxIn[0].SignatureScript = sig
 	hash, err := n.H.Client.SendRawTransaction(tx, true)
 	if err != nil {
 		return "", err
