@@ -19,22 +19,21 @@ import (
 
 // benchOrders is the number of orders BenchmarkSettle100k settles;
 // PAYWATCH_BENCH_ORDERS changes it for a quick run.
-var benchOrders = func() int {
-	if n, err := strconv.Atoi(os.Getenv("PAYWATCH_BENCH_ORDERS")); err == nil && n > 0 {
-		return n
-	}
-	return 100_000
-}()
+var benchOrders = envCount("PAYWATCH_BENCH_ORDERS", 100_000)
 
 // benchHistory is how many settled orders of the past the database holds
 // beside them (PAYWATCH_BENCH_HISTORY; none by default): a pass must cost
 // what it moves, not what the shop has ever sold.
-var benchHistory = func() int {
-	if n, err := strconv.Atoi(os.Getenv("PAYWATCH_BENCH_HISTORY")); err == nil && n > 0 {
+var benchHistory = envCount("PAYWATCH_BENCH_HISTORY", 0)
+
+// envCount is the positive count the environment variable name holds, or
+// def.
+func envCount(name string, def int) int {
+	if n, err := strconv.Atoi(os.Getenv(name)); err == nil && n > 0 {
 		return n
 	}
-	return 0
-}()
+	return def
+}
 
 // seedMatched fills a fresh database with n confirming orders, each with its
 // exact confirmed transfer matched and its receipt and attribution posted:
@@ -42,27 +41,30 @@ var benchHistory = func() int {
 func seedMatched(b *testing.B, n int) (*sqlx.DB, time.Time) {
 	db := pgtest.New(b)
 	now := time.Now().UTC().Truncate(time.Microsecond)
-	for _, q := range []string{
-		`INSERT INTO orders (id, external_id, request_hash, network, asset, asset_contract, amount, pay_amount,
+	for _, q := range []struct {
+		sql   string
+		count int // $2
+	}{
+		{`INSERT INTO orders (id, external_id, request_hash, network, asset, asset_contract, amount, pay_amount,
 			pay_address, unique_k, status, created_at, expires_at, monitor_until, updated_at, created_height, earliest_block_time)
 		SELECT 'ord_' || lpad(g::text, 8, '0'), 'bulk-' || g, '\x00', 'ethereum', 'USDT', 'c', 1000000 + g, 1000000 + g,
 			'0xshop', g % 10000, 'confirming', $1::timestamptz, $1::timestamptz + interval '1 hour',
 			$1::timestamptz + interval '25 hours', $1::timestamptz, 0, $1::timestamptz - interval '5 minutes'
-		FROM generate_series(1, $2) g`,
-		`INSERT INTO transfers (id, network, asset, asset_contract, tx_hash, tx_key, idx, to_address, amount,
+		FROM generate_series(1, $2) g`, n},
+		{`INSERT INTO transfers (id, network, asset, asset_contract, tx_hash, tx_key, idx, to_address, amount,
 			block_number, block_hash, state, order_id, match_kind, first_seen_at, updated_at, block_time)
 		SELECT 'trf_' || lpad(g::text, 8, '0'), 'ethereum', 'USDT', 'c', '0x' || lpad(to_hex(g), 64, '0'), 'k', 0, '0xshop',
 			1000000 + g, g, '0xb' || g, 'confirmed', 'ord_' || lpad(g::text, 8, '0'), 'amount', $1::timestamptz, $1::timestamptz, $1::timestamptz
-		FROM generate_series(1, $2) g`,
-		`INSERT INTO orders (id, external_id, request_hash, network, asset, asset_contract, amount, pay_amount,
+		FROM generate_series(1, $2) g`, n},
+		{`INSERT INTO orders (id, external_id, request_hash, network, asset, asset_contract, amount, pay_amount,
 			pay_address, unique_k, status, created_at, expires_at, monitor_until, updated_at, settled_at, created_height,
 			earliest_block_time, has_transfers)
 		SELECT 'ord_h' || lpad(g::text, 8, '0'), 'past-' || g, '\x00', 'ethereum', 'USDT', 'c', 1000000 + g, 1000000 + g,
 			'0xshop', g % 10000, 'settled', $1::timestamptz - interval '30 days', $1::timestamptz - interval '29 days',
 			$1::timestamptz - interval '28 days', $1::timestamptz, $1::timestamptz, 0, $1::timestamptz, true
-		FROM generate_series(1, ` + strconv.Itoa(benchHistory) + `) g WHERE $2::int IS NOT NULL`,
+		FROM generate_series(1, $2) g`, benchHistory},
 	} {
-		if _, err := db.Exec(q, now, n); err != nil {
+		if _, err := db.Exec(q.sql, now, q.count); err != nil {
 			b.Fatal(err)
 		}
 	}
