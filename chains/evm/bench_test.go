@@ -4,10 +4,13 @@ import (
 	"context"
 	"crypto/rand"
 	"database/sql"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
 	"math/big"
+	"os"
+	"os/exec"
 	"runtime"
 	"sync/atomic"
 	"syscall"
@@ -23,6 +26,7 @@ import (
 
 	"github.com/paywatch/paywatch"
 	"github.com/paywatch/paywatch/chains/evm"
+	"github.com/paywatch/paywatch/chains/evm/devchain"
 	"github.com/paywatch/paywatch/chains/evm/evmtest"
 	"github.com/paywatch/paywatch/chains/scan"
 	"github.com/paywatch/paywatch/migrations"
@@ -37,42 +41,117 @@ const (
 )
 
 type scanBench struct {
-	chain    *evmtest.Chain
-	usdt     *evmtest.Token
+	url      string
+	token    common.Address
 	from, to uint64
 	watched  []string
 }
 
-// setupScanBench builds a chain of 10,000 blocks holding
-// 2,000 token transfers to random addresses among 10,000 watched ones.
-func setupScanBench(b *testing.B) *scanBench {
-	{
-		c := evmtest.New(b, evmtest.IndexedLogs()) // as the node a shop runs
-		sb := &scanBench{chain: c, usdt: c.DeployToken("Tether USD", "USDT", 6)}
-		for i := 0; i < benchWatched; i++ {
-			var a common.Address
-			_, _ = rand.Read(a[:])
-			sb.watched = append(sb.watched, a.Hex())
+// benchNodeEnv, set in the environment of this test binary run again,
+// makes it the benchmark's node (TestMain) instead of running tests.
+const benchNodeEnv = "PAYWATCH_BENCH_NODE"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(benchNodeEnv) != "" {
+		if err := serveBenchNode(); err != nil {
+			fmt.Fprintln(os.Stderr, "benchmark node:", err)
+			os.Exit(1)
 		}
-		sb.from = c.Head() + 1
-		every := benchBlocks / benchTransfers
-		for i := 0; i < benchBlocks; i++ {
-			if i%every == 0 {
-				to := common.HexToAddress(sb.watched[(i/every*7919)%benchWatched])
-				sb.usdt.Transfer(c.Keys[i%len(c.Keys)], to, big.NewInt(int64(1_000_000+i)))
-			}
-			c.Mine(1)
-		}
-		sb.to = c.Head()
-		waitIdle(b)
-		return sb
+		os.Exit(0)
 	}
+	os.Exit(m.Run())
+}
+
+// serveBenchNode builds the benchmark's chain, writes the scanBench that
+// describes it as one JSON line on stdout, and serves it until stdin
+// closes.
+func serveBenchNode() error {
+	ctx := context.Background()
+	c, err := devchain.New(devchain.Config{IndexLogs: true}) // as the node a shop runs
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	usdt, err := c.DeployToken(ctx, "Tether USD", "USDT", 6)
+	if err != nil {
+		return err
+	}
+	var sb benchNode
+	sb.URL, sb.Token = c.URL, usdt.Address
+	for i := 0; i < benchWatched; i++ {
+		var a common.Address
+		_, _ = rand.Read(a[:])
+		sb.Watched = append(sb.Watched, a.Hex())
+	}
+	if sb.From, err = c.Head(ctx); err != nil {
+		return err
+	}
+	sb.From++
+	every := benchBlocks / benchTransfers
+	for i := 0; i < benchBlocks; i++ {
+		if i%every == 0 {
+			to := common.HexToAddress(sb.Watched[(i/every*7919)%benchWatched])
+			if _, err := usdt.Call(ctx, c.Keys[i%len(c.Keys)], "transfer", to, big.NewInt(int64(1_000_000+i))); err != nil {
+				return err
+			}
+		}
+		c.Mine(1)
+	}
+	if sb.To, err = c.Head(ctx); err != nil {
+		return err
+	}
+	waitIdle()
+	if err := json.NewEncoder(os.Stdout).Encode(sb); err != nil {
+		return err
+	}
+	_, _ = io.Copy(io.Discard, os.Stdin)
+	return nil
+}
+
+// benchNode is what the benchmark's node tells the benchmark.
+type benchNode struct {
+	URL      string
+	Token    common.Address
+	From, To uint64
+	Watched  []string
+}
+
+// setupScanBench starts the benchmark's node in a process of its own (this
+// test binary run again), as a shop's node runs beside paywatch: a chain
+// of 10,000 blocks holding 2,000 token transfers to random addresses among
+// 10,000 watched ones. (A node inside the benchmark's process would share
+// its Go scheduler with the scanner: the scanner's statements would wait
+// behind the node's work for a time slice.)
+func setupScanBench(b *testing.B) *scanBench {
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), benchNodeEnv+"=1")
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		stdin.Close()
+		_ = cmd.Wait()
+	})
+	var n benchNode
+	if err := json.NewDecoder(stdout).Decode(&n); err != nil {
+		b.Fatalf("the benchmark's node did not start: %v", err)
+	}
+	return &scanBench{url: n.URL, token: n.Token, from: n.From, to: n.To, watched: n.Watched}
 }
 
 // waitIdle waits (up to a minute) until this process uses little CPU: the
 // simulated node indexes the logs of new blocks in the background, and a
 // measurement taken meanwhile would share the cores with that indexing.
-func waitIdle(b *testing.B) {
+func waitIdle() {
 	cpu := func() time.Duration {
 		var ru syscall.Rusage
 		_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
@@ -86,7 +165,7 @@ func waitIdle(b *testing.B) {
 			return
 		}
 	}
-	b.Log("the node was still busy after a minute; measuring anyway")
+	fmt.Fprintln(os.Stderr, "benchmark node: still busy after a minute; measuring anyway")
 }
 
 // BenchmarkScan compares paywatch's scan of the range with a bare
@@ -103,9 +182,9 @@ func waitIdle(b *testing.B) {
 // that adds 30 ms to every request, as a hosted node far away would.
 func BenchmarkScan(b *testing.B) {
 	sb := setupScanBench(b)
-	b.Run("local", func(b *testing.B) { benchmarkScan(b, sb, sb.chain.URL) })
+	b.Run("local", func(b *testing.B) { benchmarkScan(b, sb, sb.url) })
 	b.Run("remote-30ms", func(b *testing.B) {
-		proxy := evmtest.NewProxy(b, sb.chain.URL)
+		proxy := evmtest.NewProxy(b, sb.url)
 		proxy.Delay.Store(int64(30 * time.Millisecond))
 		benchmarkScan(b, sb, proxy.URL)
 	})
@@ -119,7 +198,7 @@ func (sb *scanBench) readRanges(b *testing.B, client *ethclient.Client, got func
 		to := min(from+scan.DefaultMaxBatch-1, sb.to)
 		logs, err := client.FilterLogs(context.Background(), ethereum.FilterQuery{
 			FromBlock: new(big.Int).SetUint64(from), ToBlock: new(big.Int).SetUint64(to),
-			Addresses: []common.Address{sb.usdt.Address}, Topics: [][]common.Hash{{evm.TransferTopic}}})
+			Addresses: []common.Address{sb.token}, Topics: [][]common.Hash{{evm.TransferTopic}}})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -179,7 +258,7 @@ func benchmarkScan(b *testing.B, sb *scanBench, url string) {
 						if !watched[to] {
 							continue
 						}
-						if _, err := stmt.Exec(paywatch.NewID("trf"), "bench", "USDT", sb.usdt.Address.Hex(), l.TxHash.Hex(),
+						if _, err := stmt.Exec(paywatch.NewID("trf"), "bench", "USDT", sb.token.Hex(), l.TxHash.Hex(),
 							fmt.Sprint(l.Index), int64(l.Index), common.BytesToAddress(l.Topics[1].Bytes()).Hex(), to.Hex(),
 							new(big.Int).SetBytes(l.Data).String(), int64(l.BlockNumber), l.BlockHash.Hex(), "seen", now, now); err != nil {
 							return err
@@ -226,7 +305,7 @@ func benchmarkScan(b *testing.B, sb *scanBench, url string) {
 				}
 				n := &paywatch.Network{Name: "bench", Family: paywatch.FamilyEVM, RPCURLs: []string{url},
 					ChainID: evmtest.ChainID, Confirmations: 12, StartBlock: sb.from, PollInterval: time.Second,
-					Assets: []*paywatch.Asset{{Network: "bench", Symbol: "USDT", Contract: sb.usdt.Address.Hex(),
+					Assets: []*paywatch.Asset{{Network: "bench", Symbol: "USDT", Contract: sb.token.Hex(),
 						Decimals: 6, Mode: paywatch.ModeShared, Addresses: sb.watched}}}
 				log := slog.New(slog.NewTextHandler(io.Discard, nil))
 				src, err := evm.NewSource(n, log)
@@ -302,8 +381,8 @@ func waitUntil(b *testing.B, db *sqlx.DB, query string, args ...any) {
 	}
 }
 
-// samplePeakHeap records the largest heap in use (the simulated chain's
-// included: it runs in this process) until stop closes.
+// samplePeakHeap records the largest heap in use (the scanner's, the
+// node running in a process of its own) until stop closes.
 func samplePeakHeap(peak *atomic.Uint64, stop chan struct{}) {
 	var m runtime.MemStats
 	for {
