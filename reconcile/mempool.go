@@ -71,19 +71,37 @@ SELECT count(*) FROM gone`
 // payment_withdrawn: replacing a payment back and forth does not move an
 // order for ever), unless it replaces one of the order's own sightings (a
 // fee bump). Only sightings with exactly one candidate are kept.
+//
+// Orders of their own address and orders on a shared one are paired
+// apart, each on an equality the planner can join on: paired in one join,
+// on the address and "its own address, or its pay amount", every open
+// sighting was held against every order on its address, settled ones
+// included (a lingering sighting to a shared address cost a read of
+// every order the shop ever had there, on every pass).
 const mempoolCandidates = `
-WITH cand AS (
-	SELECT m.id AS mid, min(o.id) AS oid
+WITH pair AS (
+	SELECT m.id AS mid, o.id AS oid
 	FROM mempool_transfers m
-	JOIN orders o ON o.network = m.network AND o.asset = m.asset AND o.pay_address = m.to_address
-	WHERE m.order_id IS NULL AND m.left_at IS NULL AND m.missing_at_height IS NULL AND m.flags = '{}'
-		AND o.status IN ('awaiting_payment', 'confirming') AND o.created_at <= m.first_seen_at
-		AND m.first_seen_at < o.expires_at AND (o.unique_k IS NULL OR o.pay_amount = m.amount)
+	JOIN orders o ON o.network = m.network AND o.pay_address = m.to_address AND o.unique_k IS NULL
+	WHERE ` + mempoolCandidate + `
+	UNION ALL
+	SELECT m.id, o.id
+	FROM mempool_transfers m
+	JOIN orders o ON o.network = m.network AND o.pay_address = m.to_address AND o.pay_amount = m.amount
+		AND o.unique_k IS NOT NULL
+	WHERE ` + mempoolCandidate + `
+), cand AS (
+	SELECT mid, min(oid) AS oid FROM pair GROUP BY mid HAVING count(*) = 1
+)`
+
+// mempoolCandidate is what makes order o a candidate for sighting m, once
+// o's address is the one m pays (mempoolCandidates).
+const mempoolCandidate = `m.order_id IS NULL AND m.left_at IS NULL AND m.missing_at_height IS NULL AND m.flags = '{}'
+		AND o.asset = m.asset AND o.status IN ('awaiting_payment', 'confirming') AND o.created_at <= m.first_seen_at
+		AND m.first_seen_at < o.expires_at
 		AND ((SELECT count(*) FROM order_events w WHERE w.order_id = o.id AND w.type = 'payment_withdrawn') < $2
 			OR EXISTS (SELECT 1 FROM mempool_transfers p WHERE p.order_id = o.id AND p.network = m.network
-				AND p.replaced_by = m.tx_hash))
-	GROUP BY m.id HAVING count(*) = 1
-)`
+				AND p.replaced_by = m.tx_hash))`
 
 // lockMempoolOrders locks, by id, the orders matchMempool would tie
 // sightings to: orders are locked before what is tied to them, here as

@@ -72,3 +72,67 @@ type planNode struct {
 	Loops     float64    `json:"Actual Loops"`
 	Plans     []planNode `json:"Plans"`
 }
+
+// The mempool step pairs open sightings with open orders: what it reads
+// does not grow with the orders of the past. With one join on the address
+// and "its own address, or its pay amount", every open sighting to a
+// shared address was held against every order the shop ever had there:
+// 1,000 sightings no order is waiting for, among 100,000 settled orders,
+// cost a read of the whole pay index per sighting, on every pass.
+func TestMempoolCandidatesReadNoOrderOfThePast(t *testing.T) {
+	db := pgtest.New(t)
+	now := time.Now().UTC()
+	// 100,000 settled orders, half on the shared address and half each on
+	// an address of its own, then 1,000 open on the shared address and 200
+	// open each on its own.
+	pgtest.Exec(t, db, `INSERT INTO orders (id, external_id, request_hash, network, asset, asset_contract, amount, pay_amount,
+			pay_address, unique_k, status, created_at, expires_at, monitor_until, updated_at, created_height, earliest_block_time)
+		SELECT 'ord_' || lpad(g::text, 8, '0'), 'bulk-' || g, '\x00', 'bitcoin', 'BTC', '', 1000000 + g, 1000000 + g,
+			CASE WHEN g % 2 = 0 THEN 'bc1qshop' ELSE 'bc1qown' || g END, CASE WHEN g % 2 = 0 THEN g % 1000 END,
+			CASE WHEN g > 100000 THEN 'awaiting_payment' ELSE 'settled' END, $1::timestamptz - interval '1 hour',
+			$1::timestamptz + interval '1 hour', $1::timestamptz + interval '25 hours', $1::timestamptz, 0, $1::timestamptz
+		FROM generate_series(1, 102400) g WHERE g <= 100000 OR g % 2 = 0 OR g > 102000`, now)
+	// 20,000 sightings of the past, 1,000 open ones that pay no order, one
+	// paying the shared address's open order ord_00100002 its amount, and
+	// one paying the own address of open order ord_00102001.
+	pgtest.Exec(t, db, `INSERT INTO mempool_transfers (id, network, asset, tx_hash, tx_key, idx, to_address, amount,
+			first_seen_at, updated_at, dirty, left_at, left_reason)
+		SELECT 'mpt_' || g, 'bitcoin', 'BTC', md5(g::text), 'vout:0', 0, 'bc1qshop', 7 + g, $1, $1, false,
+			CASE WHEN g <= 20000 THEN $1::timestamptz END, CASE WHEN g <= 20000 THEN 'mined' END
+		FROM generate_series(1, 21000) g`, now)
+	pgtest.Exec(t, db, `INSERT INTO mempool_transfers (id, network, asset, tx_hash, tx_key, idx, to_address, amount,
+			first_seen_at, updated_at, dirty)
+		VALUES ('mpt_shared', 'bitcoin', 'BTC', 'shared', 'vout:0', 0, 'bc1qshop', 1100002, $1, $1, false),
+			('mpt_own', 'bitcoin', 'BTC', 'own', 'vout:0', 0, 'bc1qown102001', 5, $1, $1, false)`, now)
+	pgtest.Exec(t, db, `ANALYZE orders`)
+	pgtest.Exec(t, db, `ANALYZE mempool_transfers`)
+
+	tx := db.MustBegin()
+	defer tx.Rollback()
+	var out string
+	if err := tx.Get(&out, `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) `+lockMempoolOrders, now, MaxWithdrawals); err != nil {
+		t.Fatal(err)
+	}
+	var plans []struct {
+		Plan struct {
+			Hit  float64 `json:"Shared Hit Blocks"`
+			Read float64 `json:"Shared Read Blocks"`
+		}
+	}
+	if err := json.Unmarshal([]byte(out), &plans); err != nil || len(plans) != 1 {
+		t.Fatalf("plan %s: %v", out, err)
+	}
+	// A probe of a few pages per open sighting, and the open orders read
+	// once: about 3,200 pages. (Held against every order on its address,
+	// each sighting read the 100,000 orders' pay index: 3,000,000.)
+	if blocks := plans[0].Plan.Hit + plans[0].Plan.Read; blocks > 5000 {
+		t.Fatalf("pairing 1,002 open sightings with 1,200 open orders read %.0f pages:\n%s", blocks, out)
+	}
+	var locked []string
+	if err := tx.Select(&locked, lockMempoolOrders, now, MaxWithdrawals); err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(locked) != "[ord_00100002 ord_00102001]" {
+		t.Fatalf("candidates %v, want [ord_00100002 ord_00102001]", locked)
+	}
+}
