@@ -238,10 +238,7 @@ func (s *Store) Commit(ctx context.Context, c Commit) (orphaned int, err error) 
 			}
 		}
 		if c.ConfirmedAtOrBelow > 0 {
-			if _, err := tx.ExecContext(ctx, `UPDATE transfers SET state = 'confirmed', updated_at = $3
-				WHERE network = $1 AND state = 'seen' AND NOT provisional AND block_number <= $2
-					AND NOT ('`+FlagBalancePending+`' = ANY (flags))`,
-				c.Network, int64(c.ConfirmedAtOrBelow), now); err != nil {
+			if _, err := tx.ExecContext(ctx, confirmTransfers, c.Network, int64(c.ConfirmedAtOrBelow), now); err != nil {
 				return fmt.Errorf("confirm transfers: %w", err)
 			}
 		}
@@ -275,6 +272,14 @@ func (s *Store) Commit(ctx context.Context, c Commit) (orphaned int, err error) 
 	}
 	return orphaned, nil
 }
+
+// confirmTransfers confirms network $1's transfers at or below block $2
+// that wait for nothing else: not a look-up's, not waiting for a balance
+// check's verdict. Its conditions are those of transfers_confirmable_idx,
+// which holds just these (the transfers waiting for a verdict are not read).
+const confirmTransfers = `UPDATE transfers SET state = 'confirmed', updated_at = $3
+	WHERE network = $1 AND state = 'seen' AND NOT provisional AND block_number <= $2
+		AND NOT ('` + FlagBalancePending + `' = ANY (flags))`
 
 // confirmedHeight is the highest block a commit confirms, bounded by its
 // cursor (a block not scanned yet holds nothing recorded to confirm, and a

@@ -1,0 +1,57 @@
+package scan
+
+import (
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/paywatch/paywatch/migrations/pgtest"
+)
+
+// A scan commit's confirmation step reads what it may confirm, not the
+// transfers waiting for a balance check's verdict: during a catch-up the
+// verifier runs at each poll interval, and 50,000 transfers may wait
+// meanwhile. With one index of every unconfirmed transfer, each commit
+// read them all (about 1,200 pages here) to confirm none of them.
+func TestConfirmingReadsNoTransferWaitingForAVerdict(t *testing.T) {
+	db := pgtest.New(t)
+	now := time.Now().UTC()
+	// 50,000 waiting for a verdict, 100 that wait for nothing else.
+	pgtest.Exec(t, db, `INSERT INTO transfers (id, network, asset, asset_contract, tx_hash, tx_key, idx, to_address,
+			amount, block_number, block_hash, state, flags, first_seen_at, updated_at)
+		SELECT 'trf_' || g, 'ethereum', 'USDT', 'c', 'tx' || g, 'k', 0, 'to' || g % 1000, 1000, g, 'h' || g, 'seen',
+			CASE WHEN g % 501 = 0 THEN '{}'::text[] ELSE '{`+FlagBalancePending+`}' END, $1, $1
+		FROM generate_series(1, 50100) g`, now)
+	pgtest.Exec(t, db, `ANALYZE transfers`)
+
+	tx := db.MustBegin()
+	defer tx.Rollback()
+	var out string
+	if err := tx.Get(&out, `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) `+confirmTransfers, "ethereum", 60000, now); err != nil {
+		t.Fatal(err)
+	}
+	// What the update reads to find its rows (writing them, into every
+	// index, is the update node's own).
+	var plans []struct {
+		Plan struct {
+			Plans []struct {
+				Hit  float64 `json:"Shared Hit Blocks"`
+				Read float64 `json:"Shared Read Blocks"`
+			}
+		}
+	}
+	if err := json.Unmarshal([]byte(out), &plans); err != nil || len(plans) != 1 || len(plans[0].Plan.Plans) != 1 {
+		t.Fatalf("plan %s: %v", out, err)
+	}
+	// The 100 rows and their index entries: about 100 pages.
+	if scan := plans[0].Plan.Plans[0]; scan.Hit+scan.Read > 200 {
+		t.Fatalf("confirming 100 transfers among 50,000 waiting for a verdict read %.0f pages:\n%s", scan.Hit+scan.Read, out)
+	}
+	var confirmed, waiting int
+	if err := tx.Get(&confirmed, `SELECT count(*) FROM transfers WHERE state = 'confirmed'`); err != nil || confirmed != 100 {
+		t.Fatalf("%d confirmed (%v), want 100", confirmed, err)
+	}
+	if err := tx.Get(&waiting, `SELECT count(*) FROM transfers WHERE state = 'seen'`); err != nil || waiting != 50000 {
+		t.Fatalf("%d still waiting (%v), want 50,000", waiting, err)
+	}
+}
