@@ -136,3 +136,65 @@ func TestMempoolCandidatesReadNoOrderOfThePast(t *testing.T) {
 		t.Fatalf("candidates %v, want [ord_00100002 ord_00102001]", locked)
 	}
 }
+
+// The same when the planner probes orders for each sighting, as it does
+// when the table's statistics predate the sightings (autovacuum analyzes
+// after a tenth of the table changed, and sightings are never deleted): a
+// probe takes the open orders on the sighting's shared address and amount,
+// not every order of its network ever sold (about 600 pages each here).
+func TestMempoolCandidatesReadNoOrderOfThePastOnStaleStatistics(t *testing.T) {
+	db := pgtest.New(t)
+	now := time.Now().UTC()
+	insertOrders := `INSERT INTO orders (id, external_id, request_hash, network, asset, asset_contract, amount, pay_amount,
+		pay_address, unique_k, status, created_at, expires_at, monitor_until, updated_at, created_height, earliest_block_time) `
+	// 100,000 settled orders on the shared address, 30,000 open ones on
+	// another network, and the open order a sighting will pay.
+	pgtest.Exec(t, db, insertOrders+`SELECT 'ord_s' || g, 's-' || g, '\x00', 'bitcoin', 'BTC', '', 1000000 + g, 1000000 + g,
+			'bc1qshop', g % 1000, 'settled', $1::timestamptz - interval '2 hours', $1::timestamptz - interval '1 hour', $1, $1, 0, $1
+		FROM generate_series(1, 100000) g`, now)
+	pgtest.Exec(t, db, insertOrders+`SELECT 'ord_e' || g, 'e-' || g, '\x00', 'ethereum', 'USDT', 'c', 1000 + g, 1000 + g,
+			'0xshop', g % 1000, 'awaiting_payment', $1::timestamptz - interval '1 hour', $1::timestamptz + interval '1 hour',
+			$1::timestamptz + interval '25 hours', $1, 0, $1
+		FROM generate_series(1, 30000) g`, now)
+	pgtest.Exec(t, db, insertOrders+`VALUES ('ord_open', 'open', '\x00', 'bitcoin', 'BTC', '', 5000, 5000, 'bc1qshop', 1,
+			'awaiting_payment', $1::timestamptz - interval '1 hour', $1::timestamptz + interval '1 hour',
+			$1::timestamptz + interval '25 hours', $1, 0, $1)`, now)
+	insertSightings := `INSERT INTO mempool_transfers (id, network, asset, tx_hash, tx_key, idx, to_address, amount,
+		first_seen_at, updated_at, dirty, left_at, left_reason) `
+	pgtest.Exec(t, db, insertSightings+`SELECT 'mpt_l' || g, 'bitcoin', 'BTC', 'l' || g, 'vout:0', 0, 'bc1qshop', 7 + g, $1, $1,
+			false, $1, 'mined'
+		FROM generate_series(1, 20000) g`, now)
+	pgtest.Exec(t, db, `ANALYZE`)
+	// After the statistics: 1,000 outputs paying the shared address no
+	// order's amount, and one paying ord_open.
+	pgtest.Exec(t, db, insertSightings+`SELECT 'mpt_n' || g, 'bitcoin', 'BTC', 'n' || g, 'vout:0', 0, 'bc1qshop', 7 + g, $1, $1,
+			false, NULL, NULL
+		FROM generate_series(1, 1000) g`, now)
+	pgtest.Exec(t, db, insertSightings+`VALUES ('mpt_pay', 'bitcoin', 'BTC', 'pay', 'vout:0', 0, 'bc1qshop', 5000, $1, $1,
+			false, NULL, NULL)`, now)
+
+	tx := db.MustBegin()
+	defer tx.Rollback()
+	var out string
+	if err := tx.Get(&out, `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) `+lockMempoolOrders, now, MaxWithdrawals); err != nil {
+		t.Fatal(err)
+	}
+	var plans []struct {
+		Plan struct {
+			Hit  float64 `json:"Shared Hit Blocks"`
+			Read float64 `json:"Shared Read Blocks"`
+		}
+	}
+	if err := json.Unmarshal([]byte(out), &plans); err != nil || len(plans) != 1 {
+		t.Fatalf("plan %s: %v", out, err)
+	}
+	// A few pages per open sighting and arm: about 4,500. (Probing the
+	// network's every order: 600,000.)
+	if pages := plans[0].Plan.Hit + plans[0].Plan.Read; pages > 10000 {
+		t.Fatalf("pairing 1,001 open sightings with the open orders read %.0f pages:\n%s", pages, out)
+	}
+	var locked []string
+	if err := tx.Select(&locked, lockMempoolOrders, now, MaxWithdrawals); err != nil || fmt.Sprint(locked) != "[ord_open]" {
+		t.Fatalf("candidates %v (%v), want [ord_open]", locked, err)
+	}
+}
