@@ -135,11 +135,20 @@ const ClaimTolerance = 0.10
 // address, could pay another order than o that waits for a payment of
 // about its amount and holds none (confirming included: a payment seen in a
 // mempool holds nothing).
+//
+// The amount is bounded twice: first by a range of pay amounts an index
+// (orders_open_shared_window_idx) can walk, then by the tolerance itself.
+// |amount − pay| ≤ pay × tol holds only for amount / (1 + tol) ≤ pay ≤
+// amount / (1 − tol); the floor and the ceiling keep every integer pay
+// amount of that range, however the divisions round. Without the range,
+// a claim read every order its shared address ever had.
 func waitingElsewhere(t, o string) string {
+	tol := strconv.FormatFloat(ClaimTolerance, 'f', -1, 64)
 	return `EXISTS (SELECT 1 FROM orders o3 WHERE o3.id <> ` + o + `.id AND o3.network = ` + t + `.network
 		AND o3.asset = ` + t + `.asset AND o3.pay_address = ` + t + `.to_address AND o3.unique_k IS NOT NULL
 		AND o3.status IN ('awaiting_payment', 'confirming', 'expired', 'disputed')
-		AND abs(` + t + `.amount - o3.pay_amount) <= o3.pay_amount * ` + strconv.FormatFloat(ClaimTolerance, 'f', -1, 64) + `
+		AND o3.pay_amount BETWEEN floor(` + t + `.amount / (1 + ` + tol + `)) AND ceil(` + t + `.amount / (1 - ` + tol + `))
+		AND abs(` + t + `.amount - o3.pay_amount) <= o3.pay_amount * ` + tol + `
 		AND NOT EXISTS (SELECT 1 FROM transfers t3 WHERE t3.order_id = o3.id AND t3.state <> 'orphaned')
 		AND ` + eligible(t, "o3") + `)`
 }

@@ -267,3 +267,83 @@ func TestMatchingReadsNoStrayPaymentOfThePast(t *testing.T) {
 		}
 	}
 }
+
+// Deciding a customer's tx hash claim (claimQuery, once per claim whose
+// transaction is recorded) asks whether another order waiting for about
+// the claimed amount could be owed it (waitingElsewhere). It reads the open
+// orders of its shared address within a range of pay amounts about the
+// claimed one (orders_open_shared_window_idx), not every order ever sold
+// there: with the tolerance as its only bound on the amount, it read the
+// address's whole history, per claim.
+func TestDecidingAClaimReadsNoOrderOfThePast(t *testing.T) {
+	db := pgtest.New(t)
+	now := time.Now().UTC().Truncate(time.Microsecond)
+	// 100,000 settled orders of the past, half on the shared address
+	// (amounts of 20 prices, 1 to 20 USDT, plus their unique increments),
+	// half each on an address of its own: the planner then takes an
+	// address for a selective key.
+	pgtest.Exec(t, db, `INSERT INTO orders (id, external_id, request_hash, network, asset, asset_contract, amount, pay_amount,
+			pay_address, unique_k, derivation_key, derivation_index, status, created_at, expires_at, monitor_until, settled_at,
+			updated_at, created_height, earliest_block_time, has_transfers)
+		SELECT 'ord_h' || lpad(g::text, 7, '0'), 'h-' || g, '\x00', 'ethereum', 'USDT', '0xusdt', p,
+			p + CASE WHEN g % 2 = 0 THEN g % 1000 ELSE 0 END, CASE WHEN g % 2 = 0 THEN '0xshop' ELSE '0xh' || g END,
+			CASE WHEN g % 2 = 0 THEN g % 1000 END, CASE WHEN g % 2 = 1 THEN 'xpub' END, CASE WHEN g % 2 = 1 THEN g END,
+			'settled', at, at + interval '1 hour', at + interval '25 hours', at + interval '20 minutes', at, g, at - interval '10 minutes', true
+		FROM generate_series(1, 100000) g,
+			LATERAL (SELECT (1 + g % 20) * 1000000::numeric AS p, $1::timestamptz - (100001 - g) * interval '15 minutes' - interval '2 days' AS at) x`, now)
+	// And 20,000 abandoned checkouts of the past on the shared address:
+	// expired, which stays a status that takes payments.
+	pgtest.Exec(t, db, `INSERT INTO orders (id, external_id, request_hash, network, asset, asset_contract, amount, pay_amount,
+			pay_address, unique_k, status, created_at, expires_at, monitor_until, updated_at, created_height, earliest_block_time)
+		SELECT 'ord_x' || lpad(g::text, 7, '0'), 'x-' || g, '\x00', 'ethereum', 'USDT', '0xusdt', p, p + g % 1000, '0xshop',
+			g % 1000, 'expired', at, at + interval '1 hour', at + interval '25 hours', at, g, at - interval '10 minutes'
+		FROM generate_series(1, 20000) g,
+			LATERAL (SELECT (1 + g % 20) * 1000000::numeric AS p, $1::timestamptz - (20001 - g) * interval '1 hour' - interval '2 days' AS at) x`, now)
+	// Two open orders with a claim each: the transaction of the first pays
+	// the shared address 50 USDT (no order of any time near it), that of
+	// the second 10.5 USDT (near a tenth of the past's orders, near no
+	// waiting one).
+	pgtest.Exec(t, db, `INSERT INTO orders (id, external_id, request_hash, network, asset, asset_contract, amount, pay_amount,
+			pay_address, unique_k, status, created_at, expires_at, monitor_until, updated_at, created_height, earliest_block_time,
+			tx_hash_hint, hint_state, customer_marked_paid_at)
+		SELECT 'ord_' || c, c, '\x00', 'ethereum', 'USDT', '0xusdt', 3000000, 3000005 + k, '0xshop', 5 + k, 'awaiting_payment',
+			$1::timestamptz - interval '10 minutes', $1::timestamptz + interval '50 minutes', $1::timestamptz + interval '1450 minutes',
+			$1, 100000, $1::timestamptz - interval '20 minutes', 'tx_' || c, 'pending', $1
+		FROM (VALUES ('far', 0), ('near', 1)) AS v(c, k)`, now)
+	// And a busy hour's other open orders, half on the shared address,
+	// none waiting for about 10.5 USDT.
+	pgtest.Exec(t, db, `INSERT INTO orders (id, external_id, request_hash, network, asset, asset_contract, amount, pay_amount,
+			pay_address, unique_k, derivation_key, derivation_index, status, created_at, expires_at, monitor_until, updated_at,
+			created_height, earliest_block_time)
+		SELECT 'ord_o' || g, 'o-' || g, '\x00', 'ethereum', 'USDT', '0xusdt', p, p + CASE WHEN g % 2 = 0 THEN 100 + g ELSE 0 END,
+			CASE WHEN g % 2 = 0 THEN '0xshop' ELSE '0xo' || g END, CASE WHEN g % 2 = 0 THEN 100 + g END,
+			CASE WHEN g % 2 = 1 THEN 'xpub' END, CASE WHEN g % 2 = 1 THEN 200000 + g END, 'awaiting_payment',
+			$1::timestamptz - (g % 60) * interval '1 minute', $1::timestamptz + interval '1 hour' - (g % 60) * interval '1 minute',
+			$1::timestamptz + interval '25 hours', $1, 100000, $1::timestamptz - interval '1 hour'
+		FROM generate_series(1, 400) g, LATERAL (SELECT (1 + g % 20) * 1000000::numeric AS p) x WHERE g % 20 NOT IN (9, 10)`, now)
+	pgtest.Exec(t, db, `INSERT INTO transfers (id, network, asset, asset_contract, tx_hash, tx_key, idx, to_address, amount, block_number,
+			block_hash, state, first_seen_at, updated_at, block_time, receipt_entry)
+		VALUES ('trf_far', 'ethereum', 'USDT', '0xusdt', 'tx_far', 'log:0', 0, '0xshop', 50000000, 100001, 'b', 'confirmed', $1, $1, $1, 1),
+			('trf_near', 'ethereum', 'USDT', '0xusdt', 'tx_near', 'log:0', 0, '0xshop', 10500000, 100001, 'b', 'confirmed', $1, $1, $1, 1)`, now)
+	pgtest.Exec(t, db, `ANALYZE`)
+
+	for _, order := range []string{"ord_far", "ord_near"} {
+		tx := db.MustBegin()
+		pages, plan := planPages(t, tx, claimQuery, order)
+		tx.Rollback()
+		t.Logf("%s: %.0f pages", order, pages)
+		// The orders of the address waiting near the amount: 11-27 pages.
+		// (Without the range of pay amounts, every abandoned checkout of
+		// the address's past, within the index: about 270; without the
+		// index, every order the address ever had: 5,000 and more.)
+		if pages > 100 {
+			t.Errorf("deciding the claim of %s read %.0f pages:\n%s", order, pages, plan)
+		}
+	}
+	// What the claim finds is the same either way: each transfer is free
+	// to link (no waiting order near), eligible.
+	var found []claimed
+	if err := db.Select(&found, claimQuery, "ord_near"); err != nil || len(found) != 1 || found[0].WaitingElsewhere || found[0].why() != "" {
+		t.Fatalf("claim of ord_near: %+v (%v)", found, err)
+	}
+}
