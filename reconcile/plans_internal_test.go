@@ -108,21 +108,26 @@ func TestMempoolCandidatesReadNoOrderOfThePast(t *testing.T) {
 	pgtest.Exec(t, db, `ANALYZE orders`)
 	pgtest.Exec(t, db, `ANALYZE mempool_transfers`)
 
-	tx := db.MustBegin()
-	defer tx.Rollback()
-	pages, out := planPages(t, tx, lockMempoolOrders, now, MaxWithdrawals)
 	// A probe of a few pages per open sighting, and the open orders read
 	// once: about 3,200 pages. (Held against every order on its address,
 	// each sighting read the 100,000 orders' pay index: 3,000,000.)
-	if pages > 5000 {
-		t.Fatalf("pairing 1,002 open sightings with 1,200 open orders read %.0f pages:\n%s", pages, out)
+	checkMempoolPairing(t, db, now, 5000, "[ord_00100002 ord_00102001]")
+}
+
+// checkMempoolPairing runs the mempool step's pairing (lockMempoolOrders)
+// in a transaction rolled back: it must read at most maxPages and lock
+// exactly the orders want lists.
+func checkMempoolPairing(t *testing.T, db *sqlx.DB, now time.Time, maxPages float64, want string) {
+	t.Helper()
+	tx := db.MustBegin()
+	defer tx.Rollback()
+	plan, out := pgtest.Explain(t, tx, lockMempoolOrders, now, MaxWithdrawals)
+	if plan.Pages() > maxPages {
+		t.Fatalf("pairing the open sightings with the open orders read %.0f pages:\n%s", plan.Pages(), out)
 	}
 	var locked []string
-	if err := tx.Select(&locked, lockMempoolOrders, now, MaxWithdrawals); err != nil {
-		t.Fatal(err)
-	}
-	if fmt.Sprint(locked) != "[ord_00100002 ord_00102001]" {
-		t.Fatalf("candidates %v, want [ord_00100002 ord_00102001]", locked)
+	if err := tx.Select(&locked, lockMempoolOrders, now, MaxWithdrawals); err != nil || fmt.Sprint(locked) != want {
+		t.Fatalf("candidates %v (%v), want %s", locked, err, want)
 	}
 }
 
@@ -162,38 +167,9 @@ func TestMempoolCandidatesReadNoOrderOfThePastOnStaleStatistics(t *testing.T) {
 	pgtest.Exec(t, db, insertSightings+`VALUES ('mpt_pay', 'bitcoin', 'BTC', 'pay', 'vout:0', 0, 'bc1qshop', 5000, $1, $1,
 			false, NULL, NULL)`, now)
 
-	tx := db.MustBegin()
-	defer tx.Rollback()
-	pages, out := planPages(t, tx, lockMempoolOrders, now, MaxWithdrawals)
 	// A few pages per open sighting and arm: about 4,500. (Probing the
 	// network's every order: 600,000.)
-	if pages > 10000 {
-		t.Fatalf("pairing 1,001 open sightings with the open orders read %.0f pages:\n%s", pages, out)
-	}
-	var locked []string
-	if err := tx.Select(&locked, lockMempoolOrders, now, MaxWithdrawals); err != nil || fmt.Sprint(locked) != "[ord_open]" {
-		t.Fatalf("candidates %v (%v), want [ord_open]", locked, err)
-	}
-}
-
-// planPages runs EXPLAIN (ANALYZE, BUFFERS) of query in tx and returns the
-// pages its plan read (buffers hit and read), with the plan.
-func planPages(t *testing.T, tx *sqlx.Tx, query string, args ...any) (float64, string) {
-	t.Helper()
-	var out string
-	if err := tx.Get(&out, `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) `+query, args...); err != nil {
-		t.Fatal(err)
-	}
-	var plans []struct {
-		Plan struct {
-			Hit  float64 `json:"Shared Hit Blocks"`
-			Read float64 `json:"Shared Read Blocks"`
-		}
-	}
-	if err := json.Unmarshal([]byte(out), &plans); err != nil || len(plans) != 1 {
-		t.Fatalf("plan %s: %v", out, err)
-	}
-	return plans[0].Plan.Hit + plans[0].Plan.Read, out
+	checkMempoolPairing(t, db, now, 10000, "[ord_open]")
 }
 
 // The match step (ambiguousOrders, matchOrders: every round of every pass,
@@ -256,7 +232,8 @@ func TestMatchingReadsNoStrayPaymentOfThePast(t *testing.T) {
 
 	for _, c := range []struct{ name, sql string }{{"ambiguousOrders", ambiguousOrders}, {"matchOrders", matchOrders}} {
 		tx := db.MustBegin()
-		pages, plan := planPages(t, tx, c.sql, now, lookback)
+		p, plan := pgtest.Explain(t, tx, c.sql, now, lookback)
+		pages := p.Pages()
 		tx.Rollback()
 		t.Logf("%s: %.0f pages", c.name, pages)
 		// About 3 pages per open order (a probe of the lookback's strays on
@@ -329,7 +306,8 @@ func TestDecidingAClaimReadsNoOrderOfThePast(t *testing.T) {
 
 	for _, order := range []string{"ord_far", "ord_near"} {
 		tx := db.MustBegin()
-		pages, plan := planPages(t, tx, claimQuery, order)
+		p, plan := pgtest.Explain(t, tx, claimQuery, order)
+		pages := p.Pages()
 		tx.Rollback()
 		t.Logf("%s: %.0f pages", order, pages)
 		// The orders of the address waiting near the amount: 11-27 pages.

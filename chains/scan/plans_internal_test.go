@@ -1,7 +1,6 @@
 package scan
 
 import (
-	"encoding/json"
 	"testing"
 	"time"
 
@@ -26,26 +25,15 @@ func TestConfirmingReadsNoTransferWaitingForAVerdict(t *testing.T) {
 
 	tx := db.MustBegin()
 	defer tx.Rollback()
-	var out string
-	if err := tx.Get(&out, `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) `+confirmTransfers, "ethereum", 60000, now); err != nil {
-		t.Fatal(err)
-	}
 	// What the update reads to find its rows (writing them, into every
 	// index, is the update node's own).
-	var plans []struct {
-		Plan struct {
-			Plans []struct {
-				Hit  float64 `json:"Shared Hit Blocks"`
-				Read float64 `json:"Shared Read Blocks"`
-			}
-		}
-	}
-	if err := json.Unmarshal([]byte(out), &plans); err != nil || len(plans) != 1 || len(plans[0].Plan.Plans) != 1 {
-		t.Fatalf("plan %s: %v", out, err)
+	plan, out := pgtest.Explain(t, tx, confirmTransfers, "ethereum", 60000, now)
+	if len(plan.Plans) != 1 {
+		t.Fatalf("plan %s", out)
 	}
 	// The 100 rows and their index entries: about 100 pages.
-	if scan := plans[0].Plan.Plans[0]; scan.Hit+scan.Read > 200 {
-		t.Fatalf("confirming 100 transfers among 50,000 waiting for a verdict read %.0f pages:\n%s", scan.Hit+scan.Read, out)
+	if scan := plan.Plans[0]; scan.Pages() > 200 {
+		t.Fatalf("confirming 100 transfers among 50,000 waiting for a verdict read %.0f pages:\n%s", scan.Pages(), out)
 	}
 	var confirmed, waiting int
 	if err := tx.Get(&confirmed, `SELECT count(*) FROM transfers WHERE state = 'confirmed'`); err != nil || confirmed != 100 {

@@ -11,6 +11,7 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"net/url"
 	"os"
@@ -139,4 +140,32 @@ func WaitForLockWaits(t testing.TB, db *sqlx.DB, n int) {
 		}
 	}
 	t.Fatalf("fewer than %d sessions waited on a lock within 10 s", n)
+}
+
+// Plan is a node of EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON): the buffers
+// it read (its children's included) and its children.
+type Plan struct {
+	Hit   float64 `json:"Shared Hit Blocks"`
+	Read  float64 `json:"Shared Read Blocks"`
+	Plans []Plan  `json:"Plans"`
+}
+
+// Pages is how many pages the node read, from the cache or not.
+func (p Plan) Pages() float64 { return p.Hit + p.Read }
+
+// Explain runs query with args through q under EXPLAIN (ANALYZE, BUFFERS,
+// FORMAT JSON) and returns its top node, with the plan as PostgreSQL wrote
+// it (for a failure's message). Run it in a transaction the test rolls
+// back when query writes.
+func Explain(t testing.TB, q sqlx.Queryer, query string, args ...any) (Plan, string) {
+	t.Helper()
+	var out string
+	if err := sqlx.Get(q, &out, `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) `+query, args...); err != nil {
+		t.Fatal(err)
+	}
+	var plans []struct{ Plan Plan }
+	if err := json.Unmarshal([]byte(out), &plans); err != nil || len(plans) != 1 {
+		t.Fatalf("plan %s: %v", out, err)
+	}
+	return plans[0].Plan, out
 }
