@@ -43,3 +43,34 @@ func TestConfirmingReadsNoTransferWaitingForAVerdict(t *testing.T) {
 		t.Fatalf("%d still waiting (%v), want 50,000", waiting, err)
 	}
 }
+
+// A scan commit orphans the look-ups it passed without seeing; those
+// orphaned before (a reorg's, a lying node's answers: they stay
+// provisional) are not read again by every commit after.
+func TestOrphaningLookUpsReadsNoneOrphanedBefore(t *testing.T) {
+	db := pgtest.New(t)
+	now := time.Now().UTC()
+	// 20,000 look-ups orphaned long ago, 10 live ones below the cursor.
+	pgtest.Exec(t, db, `INSERT INTO transfers (id, network, asset, asset_contract, tx_hash, tx_key, idx, to_address,
+			amount, block_number, block_hash, state, provisional, orphaned_at, first_seen_at, updated_at)
+		SELECT 'trf_' || g, 'ethereum', 'USDT', 'c', 'tx' || g, 'k', 0, 'to', 1000, g, 'h' || g,
+			CASE WHEN g <= 20000 THEN 'orphaned' ELSE 'seen' END, true, CASE WHEN g <= 20000 THEN $1::timestamptz END, $1, $1
+		FROM generate_series(1, 20010) g`, now)
+	pgtest.Exec(t, db, `ANALYZE transfers`)
+
+	tx := db.MustBegin()
+	defer tx.Rollback()
+	plan, out := pgtest.Explain(t, tx, orphanLookups, "ethereum", 30000, now)
+	if len(plan.Plans) != 1 {
+		t.Fatalf("plan %s", out)
+	}
+	// The 10 live look-ups: a few pages. (Reading the 20,000 orphaned
+	// before them: about 400.)
+	if scan := plan.Plans[0]; scan.Pages() > 30 {
+		t.Fatalf("orphaning 10 look-ups among 20,000 orphaned before read %.0f pages:\n%s", scan.Pages(), out)
+	}
+	var orphaned int
+	if err := tx.Get(&orphaned, `SELECT count(*) FROM transfers WHERE state = 'orphaned'`); err != nil || orphaned != 20010 {
+		t.Fatalf("%d orphaned (%v), want 20,010", orphaned, err)
+	}
+}

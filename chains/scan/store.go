@@ -193,9 +193,7 @@ func (s *Store) Commit(ctx context.Context, c Commit) (orphaned int, err error) 
 		}
 		if c.Cursor != nil {
 			var lookups []string
-			if err := tx.SelectContext(ctx, &lookups, `UPDATE transfers SET state = 'orphaned', orphaned_at = $3, updated_at = $3, ledger_dirty = true
-				WHERE network = $1 AND provisional AND block_number <= $2 AND state <> 'orphaned' RETURNING id`,
-				c.Network, int64(c.Cursor.Number), now); err != nil {
+			if err := tx.SelectContext(ctx, &lookups, orphanLookups, c.Network, int64(c.Cursor.Number), now); err != nil {
 				return fmt.Errorf("orphan look-ups the scanner did not see: %w", err)
 			}
 			orphans = append(orphans, lookups...)
@@ -272,6 +270,13 @@ func (s *Store) Commit(ctx context.Context, c Commit) (orphaned int, err error) 
 	}
 	return orphaned, nil
 }
+
+// orphanLookups orphans network $1's look-ups ($3 the time) that the
+// scanner passed (at or below block $2) without seeing: their block was not
+// the canonical one. Its conditions are those of transfers_provisional_idx,
+// which holds the live look-ups only (those orphaned before are not read).
+const orphanLookups = `UPDATE transfers SET state = 'orphaned', orphaned_at = $3, updated_at = $3, ledger_dirty = true
+	WHERE network = $1 AND provisional AND block_number <= $2 AND state <> 'orphaned' RETURNING id`
 
 // confirmTransfers confirms network $1's transfers at or below block $2
 // that wait for nothing else: not a look-up's, not waiting for a balance
