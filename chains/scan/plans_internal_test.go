@@ -4,6 +4,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jmoiron/sqlx"
+
 	"github.com/paywatch/paywatch/migrations/pgtest"
 )
 
@@ -25,15 +27,9 @@ func TestConfirmingReadsNoTransferWaitingForAVerdict(t *testing.T) {
 
 	tx := db.MustBegin()
 	defer tx.Rollback()
-	// What the update reads to find its rows (writing them, into every
-	// index, is the update node's own).
-	plan, out := pgtest.Explain(t, tx, confirmTransfers, "ethereum", 60000, now)
-	if len(plan.Plans) != 1 {
-		t.Fatalf("plan %s", out)
-	}
 	// The 100 rows and their index entries: about 100 pages.
-	if scan := plan.Plans[0]; scan.Pages() > 200 {
-		t.Fatalf("confirming 100 transfers among 50,000 waiting for a verdict read %.0f pages:\n%s", scan.Pages(), out)
+	if pages, out := updateReads(t, tx, confirmTransfers, "ethereum", 60000, now); pages > 200 {
+		t.Fatalf("confirming 100 transfers among 50,000 waiting for a verdict read %.0f pages:\n%s", pages, out)
 	}
 	var confirmed, waiting int
 	if err := tx.Get(&confirmed, `SELECT count(*) FROM transfers WHERE state = 'confirmed'`); err != nil || confirmed != 100 {
@@ -60,17 +56,25 @@ func TestOrphaningLookUpsReadsNoneOrphanedBefore(t *testing.T) {
 
 	tx := db.MustBegin()
 	defer tx.Rollback()
-	plan, out := pgtest.Explain(t, tx, orphanLookups, "ethereum", 30000, now)
-	if len(plan.Plans) != 1 {
-		t.Fatalf("plan %s", out)
-	}
 	// The 10 live look-ups: a few pages. (Reading the 20,000 orphaned
 	// before them: about 400.)
-	if scan := plan.Plans[0]; scan.Pages() > 30 {
-		t.Fatalf("orphaning 10 look-ups among 20,000 orphaned before read %.0f pages:\n%s", scan.Pages(), out)
+	if pages, out := updateReads(t, tx, orphanLookups, "ethereum", 30000, now); pages > 30 {
+		t.Fatalf("orphaning 10 look-ups among 20,000 orphaned before read %.0f pages:\n%s", pages, out)
 	}
 	var orphaned int
 	if err := tx.Get(&orphaned, `SELECT count(*) FROM transfers WHERE state = 'orphaned'`); err != nil || orphaned != 20010 {
 		t.Fatalf("%d orphaned (%v), want 20,010", orphaned, err)
 	}
+}
+
+// updateReads runs update (one UPDATE) in tx under EXPLAIN and returns the
+// pages it read to find its rows, with the plan: writing them, into every
+// index, is the update node's own.
+func updateReads(t *testing.T, tx *sqlx.Tx, update string, args ...any) (float64, string) {
+	t.Helper()
+	plan, out := pgtest.Explain(t, tx, update, args...)
+	if len(plan.Plans) != 1 {
+		t.Fatalf("plan %s", out)
+	}
+	return plan.Plans[0].Pages(), out
 }
