@@ -273,7 +273,7 @@ func (s *Store) Commit(ctx context.Context, c Commit) (orphaned int, err error) 
 
 // orphanLookups orphans network $1's look-ups ($3 the time) that the
 // scanner passed (at or below block $2) without seeing: their block was not
-// the canonical one. Its conditions are those of transfers_provisional_idx,
+// the canonical one. Its conditions are those of transfers_live_lookups_idx,
 // which holds the live look-ups only (those orphaned before are not read).
 const orphanLookups = `UPDATE transfers SET state = 'orphaned', orphaned_at = $3, updated_at = $3, ledger_dirty = true
 	WHERE network = $1 AND provisional AND block_number <= $2 AND state <> 'orphaned' RETURNING id`
