@@ -40,11 +40,14 @@ const (
 	benchWatched   = 10_000
 )
 
+// scanBench is the benchmark's chain, as its node (serveBenchNode)
+// describes it: where it serves, the token, the range holding the
+// transfers, and the addresses watched.
 type scanBench struct {
-	url      string
-	token    common.Address
-	from, to uint64
-	watched  []string
+	URL      string
+	Token    common.Address
+	From, To uint64
+	Watched  []string
 }
 
 // benchNodeEnv, set in the environment of this test binary run again,
@@ -76,7 +79,7 @@ func serveBenchNode() error {
 	if err != nil {
 		return err
 	}
-	var sb benchNode
+	var sb scanBench
 	sb.URL, sb.Token = c.URL, usdt.Address
 	for i := 0; i < benchWatched; i++ {
 		var a common.Address
@@ -108,14 +111,6 @@ func serveBenchNode() error {
 	return nil
 }
 
-// benchNode is what the benchmark's node tells the benchmark.
-type benchNode struct {
-	URL      string
-	Token    common.Address
-	From, To uint64
-	Watched  []string
-}
-
 // setupScanBench starts the benchmark's node in a process of its own (this
 // test binary run again), as a shop's node runs beside paywatch: a chain
 // of 10,000 blocks holding 2,000 token transfers to random addresses among
@@ -141,11 +136,11 @@ func setupScanBench(b *testing.B) *scanBench {
 		stdin.Close()
 		_ = cmd.Wait()
 	})
-	var n benchNode
-	if err := json.NewDecoder(stdout).Decode(&n); err != nil {
+	var sb scanBench
+	if err := json.NewDecoder(stdout).Decode(&sb); err != nil {
 		b.Fatalf("the benchmark's node did not start: %v", err)
 	}
-	return &scanBench{url: n.URL, token: n.Token, from: n.From, to: n.To, watched: n.Watched}
+	return &sb
 }
 
 // waitIdle waits (up to a minute) until this process uses little CPU: the
@@ -182,9 +177,9 @@ func waitIdle() {
 // that adds 30 ms to every request, as a hosted node far away would.
 func BenchmarkScan(b *testing.B) {
 	sb := setupScanBench(b)
-	b.Run("local", func(b *testing.B) { benchmarkScan(b, sb, sb.url) })
+	b.Run("local", func(b *testing.B) { benchmarkScan(b, sb, sb.URL) })
 	b.Run("remote-30ms", func(b *testing.B) {
-		proxy := evmtest.NewProxy(b, sb.url)
+		proxy := evmtest.NewProxy(b, sb.URL)
 		proxy.Delay.Store(int64(30 * time.Millisecond))
 		benchmarkScan(b, sb, proxy.URL)
 	})
@@ -194,11 +189,11 @@ func BenchmarkScan(b *testing.B) {
 // scan.DefaultMaxBatch blocks at a time, and hands each range's to got: a
 // bare loop of eth_getLogs.
 func (sb *scanBench) readRanges(b *testing.B, client *ethclient.Client, got func([]types.Log)) {
-	for from := sb.from; from <= sb.to; from += scan.DefaultMaxBatch {
-		to := min(from+scan.DefaultMaxBatch-1, sb.to)
+	for from := sb.From; from <= sb.To; from += scan.DefaultMaxBatch {
+		to := min(from+scan.DefaultMaxBatch-1, sb.To)
 		logs, err := client.FilterLogs(context.Background(), ethereum.FilterQuery{
 			FromBlock: new(big.Int).SetUint64(from), ToBlock: new(big.Int).SetUint64(to),
-			Addresses: []common.Address{sb.token}, Topics: [][]common.Hash{{evm.TransferTopic}}})
+			Addresses: []common.Address{sb.Token}, Topics: [][]common.Hash{{evm.TransferTopic}}})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -220,7 +215,7 @@ func benchmarkScan(b *testing.B, sb *scanBench, url string) {
 				b.Fatalf("%d logs", n)
 			}
 		}
-		b.ReportMetric(float64(sb.to-sb.from+1)*float64(b.N)/b.Elapsed().Seconds(), "blocks/s")
+		b.ReportMetric(float64(sb.To-sb.From+1)*float64(b.N)/b.Elapsed().Seconds(), "blocks/s")
 	})
 	// The simplest scanner that stores what it reads: one range read, then
 	// its watched transfers copied into the table (COPY, no upsert, no
@@ -232,8 +227,8 @@ func benchmarkScan(b *testing.B, sb *scanBench, url string) {
 			b.Fatal(err)
 		}
 		defer client.Close()
-		watched := make(map[common.Address]bool, len(sb.watched))
-		for _, a := range sb.watched {
+		watched := make(map[common.Address]bool, len(sb.Watched))
+		for _, a := range sb.Watched {
 			watched[common.HexToAddress(a)] = true
 		}
 		for b.Loop() {
@@ -258,7 +253,7 @@ func benchmarkScan(b *testing.B, sb *scanBench, url string) {
 						if !watched[to] {
 							continue
 						}
-						if _, err := stmt.Exec(paywatch.NewID("trf"), "bench", "USDT", sb.token.Hex(), l.TxHash.Hex(),
+						if _, err := stmt.Exec(paywatch.NewID("trf"), "bench", "USDT", sb.Token.Hex(), l.TxHash.Hex(),
 							fmt.Sprint(l.Index), int64(l.Index), common.BytesToAddress(l.Topics[1].Bytes()).Hex(), to.Hex(),
 							new(big.Int).SetBytes(l.Data).String(), int64(l.BlockNumber), l.BlockHash.Hex(), "seen", now, now); err != nil {
 							return err
@@ -277,7 +272,7 @@ func benchmarkScan(b *testing.B, sb *scanBench, url string) {
 				b.Fatalf("%d transfers stored", n)
 			}
 		}
-		b.ReportMetric(float64(sb.to-sb.from+1)*float64(b.N)/b.Elapsed().Seconds(), "blocks/s")
+		b.ReportMetric(float64(sb.To-sb.From+1)*float64(b.N)/b.Elapsed().Seconds(), "blocks/s")
 	})
 	for _, verify := range []bool{true, false} {
 		name := "paywatch"
@@ -304,9 +299,9 @@ func benchmarkScan(b *testing.B, sb *scanBench, url string) {
 					b.Fatal(err)
 				}
 				n := &paywatch.Network{Name: "bench", Family: paywatch.FamilyEVM, RPCURLs: []string{url},
-					ChainID: evmtest.ChainID, Confirmations: 12, StartBlock: sb.from, PollInterval: time.Second,
-					Assets: []*paywatch.Asset{{Network: "bench", Symbol: "USDT", Contract: sb.token.Hex(),
-						Decimals: 6, Mode: paywatch.ModeShared, Addresses: sb.watched}}}
+					ChainID: evmtest.ChainID, Confirmations: 12, StartBlock: sb.From, PollInterval: time.Second,
+					Assets: []*paywatch.Asset{{Network: "bench", Symbol: "USDT", Contract: sb.Token.Hex(),
+						Decimals: 6, Mode: paywatch.ModeShared, Addresses: sb.Watched}}}
 				log := slog.New(slog.NewTextHandler(io.Discard, nil))
 				src, err := evm.NewSource(n, log)
 				if err != nil {
@@ -322,7 +317,7 @@ func benchmarkScan(b *testing.B, sb *scanBench, url string) {
 				// The clock stops when the cursor reaches the head.
 				start := time.Now()
 				go func() { done <- s.Run(ctx) }()
-				waitUntil(b, clock, `SELECT coalesce((SELECT block_number >= $1 FROM chain_cursors), false)`, int64(sb.to))
+				waitUntil(b, clock, `SELECT coalesce((SELECT block_number >= $1 FROM chain_cursors), false)`, int64(sb.To))
 				b.StopTimer()
 				scanned += time.Since(start)
 				waitUntil(b, clock, `SELECT count(*) = 0 FROM transfers WHERE $1 = ANY (flags)`, scan.FlagBalancePending)
@@ -337,7 +332,7 @@ func benchmarkScan(b *testing.B, sb *scanBench, url string) {
 				src.Close()
 				b.StartTimer()
 			}
-			b.ReportMetric(float64(sb.to-sb.from+1)*float64(b.N)/b.Elapsed().Seconds(), "blocks/s")
+			b.ReportMetric(float64(sb.To-sb.From+1)*float64(b.N)/b.Elapsed().Seconds(), "blocks/s")
 			b.ReportMetric(scanned.Seconds()*1000/float64(b.N), "scan-ms")
 			b.ReportMetric(verified.Seconds()*1000/float64(b.N), "verified-ms")
 			b.ReportMetric(float64(peak.Load())/(1<<20), "peak-heap-MB")
