@@ -8,6 +8,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"net"
 	"strconv"
 	"strings"
 	"time"
@@ -61,7 +62,7 @@ func TryLockSightings(ctx context.Context, tx *sqlx.Tx) (bool, error) {
 // Tx runs fn in a transaction: committed when fn returns nil, rolled back
 // otherwise.
 func Tx(ctx context.Context, db *sqlx.DB, fn func(tx *sqlx.Tx) error) error {
-	tx, err := db.BeginTxx(ctx, nil)
+	tx, err := begin(ctx, db)
 	if err != nil {
 		return fmt.Errorf("begin: %w", err)
 	}
@@ -73,6 +74,25 @@ func Tx(ctx context.Context, db *sqlx.DB, fn func(tx *sqlx.Tx) error) error {
 		return fmt.Errorf("commit: %w", err)
 	}
 	return nil
+}
+
+// begin starts a transaction on a live connection. A pooled connection
+// may have died while idle (the server restarted or ended the session, the
+// network dropped it); the driver sometimes learns it only from the
+// BEGIN's answer, as a network error rather than one the pool retries by
+// itself. Such a BEGIN started nothing, and the driver has marked its
+// connection bad, so it is sent again on another connection, until the
+// pool has had the chance to drop every connection it held.
+func begin(ctx context.Context, db *sqlx.DB) (*sqlx.Tx, error) {
+	tries := db.Stats().OpenConnections + 1
+	for {
+		tx, err := db.BeginTxx(ctx, nil)
+		var netErr *net.OpError
+		tries--
+		if err == nil || !errors.As(err, &netErr) || tries <= 0 || ctx.Err() != nil {
+			return tx, err
+		}
+	}
 }
 
 // Constraint returns the name of the unique constraint a PostgreSQL error
