@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -63,6 +65,9 @@ func (n *Nodes[E]) Call(ctx context.Context, fn func(ctx context.Context, e E) e
 	for i := 0; i < len(n.Endpoints); i++ {
 		idx := (start + i) % len(n.Endpoints)
 		err := n.attempt(ctx, idx, fn)
+		for again := 0; err != nil && again < resetRetries && dropped(err) && ctx.Err() == nil; again++ {
+			err = n.attempt(ctx, idx, fn)
+		}
 		if err == nil {
 			if idx != start {
 				n.current.Store(int64(idx))
@@ -78,6 +83,18 @@ func (n *Nodes[E]) Call(ctx context.Context, fn func(ctx context.Context, e E) e
 		errs = append(errs, fmt.Errorf("%s: %w", n.URLs[idx], err))
 	}
 	return errors.Join(errs...)
+}
+
+// resetRetries is how many times Call tries a node again, at once, when the
+// connection to it was dropped under a call (a reset or a closed
+// connection, as a load balancer in trouble does to some of them): the
+// calls are reads, and a node that answers most calls is better asked
+// again than passed over for one that may answer none.
+const resetRetries = 2
+
+// dropped reports whether err is a connection dropped under a call.
+func dropped(err error) bool {
+	return errors.Is(err, syscall.ECONNRESET) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
 }
 
 func (n *Nodes[E]) attempt(ctx context.Context, idx int, fn func(ctx context.Context, e E) error) error {

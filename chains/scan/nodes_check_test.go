@@ -3,6 +3,8 @@ package scan_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"syscall"
 	"testing"
 	"time"
 
@@ -54,5 +56,52 @@ func TestNodeCheckRunsBesideTheFirstCallAndGuardsItsAnswer(t *testing.T) {
 	}
 	if checks["right"] != 1 || time.Since(start) > 2*rtt {
 		t.Fatalf("the checked node was checked %d times, the call took %s", checks["right"], time.Since(start))
+	}
+}
+
+// A node whose connection drops under a call (a reset, a closed
+// connection) is asked again at once, a few times, before the next node
+// is tried: a load balancer that drops some connections should not send
+// every other call to a node that may not answer at all (hanging until the
+// call's timeout). A node whose connections keep dropping is passed over.
+func TestNodeDroppingAConnectionIsAskedAgainBeforeTheNext(t *testing.T) {
+	type node struct {
+		name  string
+		drops int // calls to drop before answering
+		calls int
+	}
+	nodes, err := scan.NewNodes([]string{"flaky", "hanging"}, func(u string) (*node, error) { return &node{name: u}, nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	flaky, hanging := nodes.Endpoints[0], nodes.Endpoints[1]
+	hanging.drops = 1 << 30
+	var answered string
+	call := func(ctx context.Context, n *node) error {
+		n.calls++
+		if n.drops > 0 {
+			n.drops--
+			if n.name == "hanging" {
+				return context.DeadlineExceeded
+			}
+			return fmt.Errorf("post: %w", syscall.ECONNRESET)
+		}
+		answered = n.name
+		return nil
+	}
+	flaky.drops = 2
+	if err := nodes.Call(context.Background(), call); err != nil {
+		t.Fatalf("two dropped connections, then an answer: %v", err)
+	}
+	if answered != "flaky" || flaky.calls != 3 || hanging.calls != 0 {
+		t.Fatalf("answered by %q after %d calls to it and %d to the hanging node; want the flaky node's third call, none to the other",
+			answered, flaky.calls, hanging.calls)
+	}
+	flaky.calls, flaky.drops = 0, 1<<30
+	if err := nodes.Call(context.Background(), call); err == nil || !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("a node whose every connection drops: %v, want its reset reported", err)
+	}
+	if flaky.calls != 3 || hanging.calls != 1 {
+		t.Fatalf("%d calls to the flaky node, %d to the next; want 3 (asked again twice), then 1", flaky.calls, hanging.calls)
 	}
 }
