@@ -267,6 +267,26 @@ func (s *Sender) Round(ctx context.Context) (int, error) {
 	return len(due), errors.Join(append(errs, err)...)
 }
 
+// dueEvents reads up to $2 events due at $1: the earliest pending event of
+// each order (an order's events leave in the order they were written), if
+// it is due, sealed, of no order in $3 (busy) and within the retry age ($4
+// microseconds). The earliest of each order is found in one pass over the
+// pending events (webhook_outbox_due_idx, then a sort), and only the batch's
+// bodies are read. Asking instead, for each due event, whether an earlier
+// one of its order is pending let the planner pair every pending event
+// with every other when its statistics predate a backlog (a receiver down
+// for an hour): 3,000 pending events cost 369,000 pages, 2.7 s a fetch.
+const dueEvents = `SELECT o.id, o.order_id, o.type, o.body, o.attempts, o.generation
+	FROM (SELECT h.id, h.next_attempt_at, h.seq
+		FROM (SELECT DISTINCT ON (order_id) id, order_id, seq, next_attempt_at, body IS NOT NULL AS sealed,
+				coalesce(retry_from, created_at) AS retry_from
+			FROM webhook_outbox WHERE status = 'pending' ORDER BY order_id, seq) h
+		WHERE h.next_attempt_at <= $1 AND h.sealed AND h.order_id <> ALL ($3::text[])
+			AND h.retry_from + $4::float8 * interval '1 microsecond' >= $1
+		ORDER BY h.next_attempt_at, h.seq LIMIT $2) d
+	JOIN webhook_outbox o ON o.id = d.id
+	ORDER BY d.next_attempt_at, d.seq`
+
 // due returns up to a batch of due events; with housekeep it first seals
 // what is unsealed and gives up on events past their retry age. The orders
 // in busy have an event on its way (or wait after a failure to record
@@ -283,17 +303,8 @@ func (s *Sender) due(ctx context.Context, now time.Time, busy []string, housekee
 		// is reported, and the due events still leave.
 		hkErr = s.housekeep(ctx, now, busy)
 	}
-	// The earliest pending event of each order, if due: an order's events
-	// leave in the order they were written.
 	var due []event
-	if err := s.db.SelectContext(ctx, &due, `SELECT o.id, o.order_id, o.type, o.body, o.attempts, o.generation
-		FROM webhook_outbox o
-		WHERE o.status = 'pending' AND o.next_attempt_at <= $1 AND o.body IS NOT NULL
-			AND NOT EXISTS (SELECT 1 FROM webhook_outbox p
-				WHERE p.order_id = o.order_id AND p.status = 'pending' AND p.seq < o.seq)
-			AND o.order_id <> ALL ($3::text[])
-			AND coalesce(o.retry_from, o.created_at) + $4::float8 * interval '1 microsecond' >= $1
-		ORDER BY o.next_attempt_at, o.seq LIMIT $2`, now, batchSize, pq.Array(busy), s.MaxRetryAge.Microseconds()); err != nil {
+	if err := s.db.SelectContext(ctx, &due, dueEvents, now, batchSize, pq.Array(busy), s.MaxRetryAge.Microseconds()); err != nil {
 		return nil, errors.Join(hkErr, fmt.Errorf("read due webhook events: %w", err))
 	}
 	return due, hkErr
