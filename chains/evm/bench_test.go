@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"math/big"
+	"net/http"
 	"os"
 	"os/exec"
 	"runtime"
@@ -21,6 +22,7 @@ import (
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/core/types"
 	"github.com/ethereum/go-ethereum/ethclient"
+	"github.com/ethereum/go-ethereum/rpc"
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
 
@@ -207,6 +209,26 @@ func benchmarkScan(b *testing.B, sb *scanBench, url string) {
 		if err != nil {
 			b.Fatal(err)
 		}
+		defer client.Close()
+		for b.Loop() {
+			n := 0
+			sb.readRanges(b, client, func(logs []types.Log) { n += len(logs) })
+			if n != benchTransfers {
+				b.Fatalf("%d logs", n)
+			}
+		}
+		b.ReportMetric(float64(sb.To-sb.From+1)*float64(b.N)/b.Elapsed().Seconds(), "blocks/s")
+	})
+	// The same loop asking the node for uncompressed answers, as paywatch
+	// asks a node on the loopback interface: what the node's compression
+	// costs the bare loop, and a baseline that does not pay it.
+	b.Run("bare-getLogs-plain", func(b *testing.B) {
+		rc, err := rpc.DialOptions(context.Background(), url,
+			rpc.WithHTTPClient(&http.Client{Transport: &http.Transport{DisableCompression: true}}))
+		if err != nil {
+			b.Fatal(err)
+		}
+		client := ethclient.NewClient(rc)
 		defer client.Close()
 		for b.Loop() {
 			n := 0

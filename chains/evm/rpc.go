@@ -5,6 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
+	"net/netip"
+	"net/url"
 	"strings"
 
 	"github.com/ethereum/go-ethereum/common"
@@ -33,7 +36,7 @@ func dialNodes(urls []string, chainID uint64, log *slog.Logger) (*nodes, error) 
 	// For HTTP this opens no connection yet: an unreachable node is found
 	// out by the first call, not here.
 	n, err := scan.NewNodes(urls, func(u string) (*endpoint, error) {
-		c, err := rpc.DialOptions(context.Background(), u)
+		c, err := rpc.DialOptions(context.Background(), u, rpc.WithHTTPClient(httpClient(u)))
 		if err != nil {
 			return nil, err
 		}
@@ -54,6 +57,39 @@ func dialNodes(urls []string, chainID uint64, log *slog.Logger) (*nodes, error) 
 		return nil
 	}
 	return &nodes{n}, nil
+}
+
+// idleConnsPerNode is how many connections to a node are kept open between
+// calls: the scan's reads ahead, the head reads and the verifier's calls
+// run at once, and the default of two would close and open connections
+// all through a catch-up (a TLS handshake each, for a hosted node).
+const idleConnsPerNode = 8
+
+// httpClient is the HTTP client of the node at rawURL. A node on the
+// loopback interface is asked for its answers uncompressed: the bytes never
+// leave the machine, and compressing them (eth_getLogs answers of hundreds
+// of kilobytes) costs the node's CPU and paywatch's, which share the
+// machine: a quarter of a catch-up's time here. A node elsewhere is asked
+// for them compressed, as Go's client does by default.
+func httpClient(rawURL string) *http.Client {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.MaxIdleConnsPerHost = idleConnsPerNode
+	t.DisableCompression = loopback(rawURL)
+	return &http.Client{Transport: t}
+}
+
+// loopback reports whether rawURL names a host on the loopback interface.
+func loopback(rawURL string) bool {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return false
+	}
+	host := u.Hostname()
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.IsLoopback()
 }
 
 func (n *nodes) close() {
