@@ -142,6 +142,9 @@ func (m *Mempool) Step(ctx context.Context) (more bool, err error) {
 	// order: a block that took a transaction out of the mempool is at or
 	// below the height read after.
 	err = m.src.nodes.Call(ctx, func(ctx context.Context, c *client) error {
+		// Nothing of an attempt that failed (another node's, or a dropped
+		// connection's) is kept.
+		info.Loaded, ids, height = nil, nil, 0
 		calls := []*call{{Method: "getmempoolinfo", Result: &info}, {Method: "getrawmempool", Params: []any{false}, Result: &ids},
 			{Method: "getblockcount", Result: &height}}
 		if err := c.do(ctx, calls); err != nil {

@@ -388,6 +388,10 @@ func (s *Source) LookupTx(ctx context.Context, txid string) ([]scan.Found, error
 		Time   int64 `json:"time"`
 	}
 	err := s.nodes.Call(ctx, func(ctx context.Context, c *client) error {
+		// Nothing of an attempt that failed (another node's, or a dropped
+		// connection's) is kept: a block hash read before the transaction
+		// went back to the mempool would say it is mined.
+		tx.Hex, tx.BlockHash, header.Height, header.Time = "", "", 0, 0
 		if err := c.one(ctx, &tx, "getrawtransaction", txid, 1); err != nil {
 			return err
 		}

@@ -82,14 +82,16 @@ func Tx(ctx context.Context, db *sqlx.DB, fn func(tx *sqlx.Tx) error) error {
 // BEGIN's answer, as a network error rather than one the pool retries by
 // itself. Such a BEGIN started nothing, and the driver has marked its
 // connection bad, so it is sent again on another connection, until the
-// pool has had the chance to drop every connection it held.
+// pool has had the chance to drop every idle connection it held. A
+// connection that could not be opened at all (the server is down or
+// refuses) is not tried again here: that is the caller's to retry.
 func begin(ctx context.Context, db *sqlx.DB) (*sqlx.Tx, error) {
-	tries := db.Stats().OpenConnections + 1
+	tries := db.Stats().Idle + 1
 	for {
 		tx, err := db.BeginTxx(ctx, nil)
 		var netErr *net.OpError
 		tries--
-		if err == nil || !errors.As(err, &netErr) || tries <= 0 || ctx.Err() != nil {
+		if err == nil || !errors.As(err, &netErr) || netErr.Op == "dial" || netErr.Timeout() || tries <= 0 || ctx.Err() != nil {
 			return tx, err
 		}
 	}
