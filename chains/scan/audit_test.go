@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -141,16 +140,10 @@ func TestLeaseCheckUnansweredWithin2sCountsAsLost(t *testing.T) {
 	}
 
 	dbURL := pgtest.NewURL(t)
-	u, err := url.Parse(dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := newHoleProxy(t, u.Host)
-	viaProxy := *u
-	viaProxy.Host = p.ln.Addr().String()
+	p, viaProxy := pgtest.NewProxy(t, dbURL)
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
-	db, err := migrations.Open(ctx, viaProxy.String())
+	db, err := migrations.Open(ctx, viaProxy)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -171,7 +164,7 @@ func TestLeaseCheckUnansweredWithin2sCountsAsLost(t *testing.T) {
 		t.Fatal("the job never started on a free lease")
 	}
 	time.Sleep(200 * time.Millisecond) // the job runs; then the network goes quiet
-	p.hole.Store(true)
+	p.Silence()
 	select {
 	case end := <-stopped:
 		took := end.Sub(begun)

@@ -4,10 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
-	"net"
-	"net/url"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -120,64 +117,13 @@ func TestLeaseTakeoverWhenTheHoldersConnectionDrops(t *testing.T) {
 	<-done
 }
 
-// holeProxy forwards TCP to PostgreSQL until hole is set; then it drops
-// everything both ways and never closes the client's side (a half-dead
-// network: the server ends the session, the client hears nothing).
-type holeProxy struct {
-	ln   net.Listener
-	hole atomic.Bool
-}
-
-func newHoleProxy(t *testing.T, target string) *holeProxy {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &holeProxy{ln: ln}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			u, err := net.Dial("tcp", target)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			pipe := func(dst, src net.Conn) {
-				buf := make([]byte, 32<<10)
-				for {
-					n, err := src.Read(buf)
-					if n > 0 && !p.hole.Load() {
-						_, _ = dst.Write(buf[:n])
-					}
-					if err != nil {
-						if !p.hole.Load() {
-							dst.Close()
-						}
-						return
-					}
-				}
-			}
-			go pipe(u, c)
-			go pipe(c, u)
-		}
-	}()
-	return p
-}
-
 // The holder's connection goes silent (a half-dead network: the server
 // ends the session, the holder hears nothing, and the driver would wait on
 // the socket for ever): its check still fails within its timeout, it stops
 // its job, and the standby starts only after that.
 func TestLeaseTakeoverWhenTheHoldersConnectionGoesSilent(t *testing.T) {
 	dbURL := pgtest.NewURL(t)
-	u, _ := url.Parse(dbURL)
-	p := newHoleProxy(t, u.Host)
-	viaProxy := *u
-	viaProxy.Host = p.ln.Addr().String()
+	p, viaProxy := pgtest.NewProxy(t, dbURL)
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -191,7 +137,7 @@ func TestLeaseTakeoverWhenTheHoldersConnectionGoesSilent(t *testing.T) {
 		// (a's pool is not closed: its silent connection would hold Close.)
 		go func() { _ = RunLeased(ctx, db, "job", interval, log, r.job(name)) }()
 	}
-	start("a", viaProxy.String())
+	start("a", viaProxy)
 	deadline := time.Now().Add(10 * time.Second)
 	for !r.is("a") {
 		if time.Now().After(deadline) {
@@ -206,7 +152,7 @@ func TestLeaseTakeoverWhenTheHoldersConnectionGoesSilent(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer admin.Close()
-	p.hole.Store(true)
+	p.Silence()
 	var killed int
 	if err := admin.Get(&killed, `SELECT count(pg_terminate_backend(pid)) FROM pg_locks
 		WHERE locktype = 'advisory' AND granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`); err != nil || killed != 1 {

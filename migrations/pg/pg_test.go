@@ -1,11 +1,7 @@
 package pg_test
 
 import (
-	"io"
-	"net"
-	"net/url"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -26,13 +22,8 @@ import (
 func TestTxBeginsAgainAfterItsConnectionDied(t *testing.T) {
 	ctx := t.Context()
 	dbURL := pgtest.NewURL(t)
-	u, err := url.Parse(dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := newResetProxy(t, u.Host)
-	u.Host = p.ln.Addr().String()
-	db, err := sqlx.Open("postgres", u.String())
+	p, viaProxy := pgtest.NewProxy(t, dbURL)
+	db, err := sqlx.Open("postgres", viaProxy)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,7 +42,7 @@ func TestTxBeginsAgainAfterItsConnectionDied(t *testing.T) {
 				WHERE datname = current_database() AND pid <> pg_backend_pid()`)
 			return err
 		},
-		"the network resets the connections as they speak": func() error { p.epoch.Add(1); return nil },
+		"the network resets the connections as they speak": func() error { p.Reset(); return nil },
 	}
 	for how, kill := range kills {
 		for round := range 3 {
@@ -90,53 +81,4 @@ func TestTxBeginsAgainAfterItsConnectionDied(t *testing.T) {
 			}
 		}
 	}
-}
-
-// resetProxy forwards TCP to PostgreSQL. Each time epoch moves on, the
-// connections opened before are reset when their client next speaks: its
-// write succeeds and its read gets a TCP reset, as when a session ends
-// with the client's message in flight.
-type resetProxy struct {
-	ln    net.Listener
-	epoch atomic.Int64
-}
-
-func newResetProxy(t *testing.T, target string) *resetProxy {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &resetProxy{ln: ln}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			s, err := net.Dial("tcp", target)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			opened := p.epoch.Load()
-			go func() {
-				defer s.Close()
-				buf := make([]byte, 32<<10)
-				for {
-					n, err := c.Read(buf)
-					if p.epoch.Load() != opened {
-						_ = c.(*net.TCPConn).SetLinger(0)
-						c.Close()
-						return
-					}
-					if _, werr := s.Write(buf[:n]); werr != nil || err != nil {
-						return
-					}
-				}
-			}()
-			go func() { _, _ = io.Copy(c, s); c.Close() }()
-		}
-	}()
-	return p
 }
