@@ -57,8 +57,11 @@ func NewNodes[E any](urls []string, dial func(url string) (E, error)) (*Nodes[E]
 	return n, nil
 }
 
-// Call runs fn on the current node and, when it fails, on the next ones.
-// It returns the error of the last node tried, joined with the others'.
+// Call runs fn on the current node and, when it fails, on the next ones
+// (or on the same one again, after a dropped connection). fn may thus run
+// several times: what it returns through its closure, it sets afresh on
+// each run, keeping nothing of a run that failed. It returns the error of
+// the last node tried, joined with the others'.
 func (n *Nodes[E]) Call(ctx context.Context, fn func(ctx context.Context, e E) error) error {
 	var errs []error
 	start := int(n.current.Load())
