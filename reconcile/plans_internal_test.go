@@ -3,6 +3,7 @@ package reconcile
 import (
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -323,5 +324,64 @@ func TestDecidingAClaimReadsNoOrderOfThePast(t *testing.T) {
 	var found []claimed
 	if err := db.Select(&found, claimQuery, "ord_near"); err != nil || len(found) != 1 || found[0].WaitingElsewhere || found[0].why() != "" {
 		t.Fatalf("claim of ord_near: %+v (%v)", found, err)
+	}
+}
+
+// A sale's checkouts arrive after the planner's statistics were taken (a
+// tenth of a large table must change before autovacuum analyzes it again,
+// and autovacuum may be off), and so does a flood of dust outputs to the
+// shop's address. Believing the open orders none, the planner read them
+// all once per sighting: 4,300,000 pages here (13,000,000 with 30,000
+// checkouts). Before each pass the runner analyzes the tables that moved
+// by AnalyzeAfter rows, and the pairing is back to a probe per sighting.
+func TestStatisticsFollowABurstOfOpenOrders(t *testing.T) {
+	db := pgtest.New(t)
+	now := time.Now().UTC()
+	insertOrders := `INSERT INTO orders (id, external_id, request_hash, network, asset, asset_contract, amount, pay_amount,
+		pay_address, unique_k, status, created_at, expires_at, monitor_until, updated_at, created_height, earliest_block_time) `
+	pgtest.Exec(t, db, insertOrders+`SELECT 'ord_s' || g, 's-' || g, '\x00', 'bitcoin', 'BTC', '', 1000000 + g, 1000000 + g,
+			'bc1qshop', g % 1000, 'settled', $1::timestamptz - interval '2 hours', $1::timestamptz - interval '1 hour', $1, $1, 0, $1
+		FROM generate_series(1, 100000) g`, now)
+	pgtest.Exec(t, db, `ANALYZE`)
+	// The sale: 10,000 checkouts on the shared address, and the one a
+	// sighting pays; then 1,000 dust outputs and that payment.
+	pgtest.Exec(t, db, insertOrders+`SELECT 'ord_o' || g, 'o-' || g, '\x00', 'bitcoin', 'BTC', '', 3000000 + g, 3000000 + g,
+			'bc1qshop', g % 1000, 'awaiting_payment', $1::timestamptz - interval '1 hour', $1::timestamptz + interval '1 hour',
+			$1::timestamptz + interval '25 hours', $1, 0, $1
+		FROM generate_series(1, 10000) g`, now)
+	pgtest.Exec(t, db, insertOrders+`VALUES ('ord_open', 'open', '\x00', 'bitcoin', 'BTC', '', 5000, 5000, 'bc1qshop', 1,
+			'awaiting_payment', $1::timestamptz - interval '1 hour', $1::timestamptz + interval '1 hour',
+			$1::timestamptz + interval '25 hours', $1, 0, $1)`, now)
+	insertSightings := `INSERT INTO mempool_transfers (id, network, asset, tx_hash, tx_key, idx, to_address, amount,
+		first_seen_at, updated_at, dirty) `
+	pgtest.Exec(t, db, insertSightings+`SELECT 'mpt_n' || g, 'bitcoin', 'BTC', 'n' || g, 'vout:0', 0, 'bc1qshop', 7 + g, $1, $1, false
+		FROM generate_series(1, 1000) g`, now)
+	pgtest.Exec(t, db, insertSightings+`VALUES ('mpt_pay', 'bitcoin', 'BTC', 'pay', 'vout:0', 0, 'bc1qshop', 5000, $1, $1, false)`, now)
+	// The statistics server counters are sent at each transaction's end,
+	// at most every half second: wait until they show the burst.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var moved int
+		if err := db.Get(&moved, `SELECT n_mod_since_analyze FROM pg_stat_user_tables WHERE relname = 'orders'`); err != nil {
+			t.Fatal(err)
+		}
+		if moved >= 10001 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the statistics counters show %d orders changed, want 10,001", moved)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+
+	rec := New(db, slog.New(slog.DiscardHandler), time.Hour, 48*time.Hour)
+	tables, err := rec.RefreshStatistics(t.Context())
+	if err != nil || fmt.Sprint(tables) != "[mempool_transfers orders]" {
+		t.Fatalf("analyzed %v (%v), want the orders and the sightings", tables, err)
+	}
+	checkMempoolPairing(t, db, now, 10000, "[ord_open]")
+	// Nothing moved since: nothing to analyze.
+	if tables, err := rec.RefreshStatistics(t.Context()); err != nil || len(tables) != 0 {
+		t.Fatalf("analyzed %v (%v) again, with nothing changed", tables, err)
 	}
 }

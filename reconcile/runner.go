@@ -119,6 +119,13 @@ func (r *Runner) Run(ctx context.Context) error {
 		case <-r.nudge:
 		}
 		start := time.Now()
+		// Each pass plans on statistics no more than AnalyzeAfter rows
+		// behind its tables.
+		if tables, err := r.rec.RefreshStatistics(ctx); err != nil && ctx.Err() == nil {
+			r.log.Warn("could not refresh the planner's statistics; the pass goes on", "err", err)
+		} else if len(tables) > 0 {
+			r.log.Debug("refreshed the planner's statistics", "tables", tables, "took", time.Since(start).Round(time.Millisecond))
+		}
 		res, err := r.rec.Pass(ctx)
 		if ctx.Err() != nil {
 			continue

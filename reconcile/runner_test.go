@@ -56,3 +56,48 @@ func TestRunnerPassesOnScheduleNotifyAndNudge(t *testing.T) {
 	waitPasses(n, 3, "on a schedule of every second")
 	stop()
 }
+
+// Before a pass, the runner analyzes a table that changed by AnalyzeAfter
+// rows since it was last analyzed: the pass plans on what the tables hold.
+func TestRunnerAnalyzesWhatChangedBeforeAPass(t *testing.T) {
+	db := pgtest.New(t)
+	pgtest.Exec(t, db, `INSERT INTO webhook_outbox (id, order_id, type, created_at, next_attempt_at, body, status, delivered_at)
+		SELECT 'evt_' || g, 'ord_' || g, 'order.settled', now(), now(), 'x', 'delivered', now()
+		FROM generate_series(1, $1::int) g`, reconcile.AnalyzeAfter)
+	deadline := time.Now().Add(10 * time.Second)
+	for moved := 0; moved < reconcile.AnalyzeAfter; {
+		if err := db.Get(&moved, `SELECT n_mod_since_analyze FROM pg_stat_user_tables WHERE relname = 'webhook_outbox'`); err != nil {
+			t.Fatal(err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the statistics counters show %d events written, want %d", moved, reconcile.AnalyzeAfter)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	log := slog.New(slog.DiscardHandler)
+	r := reconcile.NewRunner(reconcile.New(db, log, time.Hour, 48*time.Hour), "@every 1h", "", "", log)
+	passed := make(chan struct{}, 1)
+	r.Observe = func(time.Duration, error) {
+		select {
+		case passed <- struct{}{}:
+		default:
+		}
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { _ = r.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	select {
+	case <-passed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no pass")
+	}
+	var analyzed, others bool
+	if err := db.Get(&analyzed, `SELECT last_analyze IS NOT NULL FROM pg_stat_user_tables WHERE relname = 'webhook_outbox'`); err != nil || !analyzed {
+		t.Fatalf("webhook_outbox, %d rows written, not analyzed before the first pass (%v)", reconcile.AnalyzeAfter, err)
+	}
+	if err := db.Get(&others, `SELECT bool_or(last_analyze IS NOT NULL) FROM pg_stat_user_tables
+		WHERE relname IN ('orders', 'transfers', 'mempool_transfers')`); err != nil || others {
+		t.Fatalf("tables that did not change were analyzed (%v)", err)
+	}
+}
