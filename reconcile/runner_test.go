@@ -101,3 +101,47 @@ func TestRunnerAnalyzesWhatChangedBeforeAPass(t *testing.T) {
 		t.Fatalf("tables that did not change were analyzed (%v)", err)
 	}
 }
+
+// A table someone else is analyzing or vacuuming (autovacuum, another
+// instance) is left for the next pass, after a second at most; the others
+// are analyzed.
+func TestRefreshStatisticsLeavesALockedTableForNextTime(t *testing.T) {
+	db := pgtest.New(t)
+	for _, q := range []string{
+		`INSERT INTO webhook_outbox (id, order_id, type, created_at, next_attempt_at, body, status, delivered_at)
+			SELECT 'evt_' || g, 'ord_' || g, 'order.settled', now(), now(), 'x', 'delivered', now() FROM generate_series(1, $1::int) g`,
+		`INSERT INTO orders (id, external_id, request_hash, network, asset, asset_contract, amount, pay_amount,
+			pay_address, unique_k, status, created_at, expires_at, monitor_until, updated_at, created_height, earliest_block_time)
+			SELECT 'ord_' || g, 'e-' || g, '\x00', 'bitcoin', 'BTC', '', 1000 + g, 1000 + g, 'bc1qshop', g % 1000, 'settled',
+				now() - interval '2 hours', now() - interval '1 hour', now(), now(), 0, now() FROM generate_series(1, $1::int) g`,
+	} {
+		pgtest.Exec(t, db, q, reconcile.AnalyzeAfter)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for moved := 0; moved < 2*reconcile.AnalyzeAfter; {
+		if err := db.Get(&moved, `SELECT sum(n_mod_since_analyze) FROM pg_stat_user_tables
+			WHERE relname IN ('webhook_outbox', 'orders')`); err != nil {
+			t.Fatal(err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the statistics counters show %d rows written, want %d", moved, 2*reconcile.AnalyzeAfter)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	holder := db.MustBegin()
+	defer holder.Rollback()
+	holder.MustExec(`LOCK TABLE webhook_outbox IN SHARE UPDATE EXCLUSIVE MODE`) // what VACUUM and ANALYZE take
+	rec := reconcile.New(db, slog.New(slog.DiscardHandler), time.Hour, 48*time.Hour)
+	start := time.Now()
+	tables, err := rec.RefreshStatistics(t.Context())
+	if err != nil || len(tables) != 1 || tables[0] != "orders" {
+		t.Fatalf("analyzed %v (%v), want orders alone", tables, err)
+	}
+	if took := time.Since(start); took > 3*time.Second {
+		t.Fatalf("waited %v for the locked table", took)
+	}
+	holder.Rollback()
+	if tables, err := rec.RefreshStatistics(t.Context()); err != nil || len(tables) != 1 || tables[0] != "webhook_outbox" {
+		t.Fatalf("once the lock is gone, analyzed %v (%v), want webhook_outbox", tables, err)
+	}
+}

@@ -2,6 +2,7 @@ package reconcile
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/jmoiron/sqlx"
@@ -46,10 +47,15 @@ func (r *Reconciler) RefreshStatistics(ctx context.Context) ([]string, error) {
 			_, err := tx.ExecContext(ctx, `ANALYZE `+table)
 			return err
 		})
-		if err != nil {
+		var pqErr *pq.Error
+		switch {
+		case errors.As(err, &pqErr) && pqErr.Code == "55P03":
+			// Autovacuum (or another instance) is at it: next time.
+		case err != nil:
 			return done, fmt.Errorf("analyze %s: %w", table, err)
+		default:
+			done = append(done, table)
 		}
-		done = append(done, table)
 	}
 	return done, nil
 }
