@@ -67,10 +67,7 @@ func (n *Nodes[E]) Call(ctx context.Context, fn func(ctx context.Context, e E) e
 	start := int(n.current.Load())
 	for i := 0; i < len(n.Endpoints); i++ {
 		idx := (start + i) % len(n.Endpoints)
-		err := n.attempt(ctx, idx, fn)
-		for again := 0; err != nil && again < resetRetries && dropped(err) && ctx.Err() == nil; again++ {
-			err = n.attempt(ctx, idx, fn)
-		}
+		err := n.tryNode(ctx, idx, fn)
 		if err == nil {
 			if idx != start {
 				n.current.Store(int64(idx))
@@ -100,12 +97,28 @@ func dropped(err error) bool {
 	return errors.Is(err, syscall.ECONNRESET) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
 }
 
-func (n *Nodes[E]) attempt(ctx context.Context, idx int, fn func(ctx context.Context, e E) error) error {
-	timeout := n.CallTimeout
-	if timeout <= 0 {
-		timeout = DefaultCallTimeout
+// tryNode runs fn on node idx, and again after a dropped connection, all
+// within one CallTimeout: a node whose connections drop late is not given
+// three timeouts before the next node is asked.
+func (n *Nodes[E]) tryNode(ctx context.Context, idx int, fn func(ctx context.Context, e E) error) error {
+	ctx, cancel := context.WithTimeout(ctx, n.callTimeout())
+	defer cancel()
+	err := n.attempt(ctx, idx, fn)
+	for again := 0; err != nil && again < resetRetries && dropped(err) && ctx.Err() == nil; again++ {
+		err = n.attempt(ctx, idx, fn)
 	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
+	return err
+}
+
+func (n *Nodes[E]) callTimeout() time.Duration {
+	if n.CallTimeout <= 0 {
+		return DefaultCallTimeout
+	}
+	return n.CallTimeout
+}
+
+func (n *Nodes[E]) attempt(ctx context.Context, idx int, fn func(ctx context.Context, e E) error) error {
+	ctx, cancel := context.WithTimeout(ctx, n.callTimeout())
 	defer cancel()
 	e := n.Endpoints[idx]
 	if n.Check == nil || n.checked[idx].Load() {

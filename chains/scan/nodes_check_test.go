@@ -105,3 +105,32 @@ func TestNodeDroppingAConnectionIsAskedAgainBeforeTheNext(t *testing.T) {
 		t.Fatalf("%d calls to the flaky node, %d to the next; want 3 (asked again twice), then 1", flaky.calls, hanging.calls)
 	}
 }
+
+// A node asked again after dropped connections is asked within the one
+// call timeout it was given, not a timeout per try: one whose connections
+// drop late leaves its turn to the next node after CallTimeout.
+func TestNodeAskedAgainWithinOneCallTimeout(t *testing.T) {
+	nodes, err := scan.NewNodes([]string{"late-dropping", "good"}, func(u string) (string, error) { return u, nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodes.CallTimeout = 300 * time.Millisecond
+	tries := 0
+	start := time.Now()
+	err = nodes.Call(context.Background(), func(ctx context.Context, name string) error {
+		if name == "good" {
+			return nil
+		}
+		tries++
+		select {
+		case <-time.After(200 * time.Millisecond): // answers nothing, then drops
+			return fmt.Errorf("post: %w", syscall.ECONNRESET)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	})
+	if took := time.Since(start); err != nil || took > 450*time.Millisecond || tries != 2 {
+		t.Fatalf("the good node answered after %v and %d tries of the other (%v); want within the 300 ms call timeout, after 2 tries",
+			took, tries, err)
+	}
+}
