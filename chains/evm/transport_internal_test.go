@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/paywatch/paywatch"
 )
@@ -47,13 +48,16 @@ func TestNodeConnections(t *testing.T) {
 				})
 			}
 			wg.Wait()
+			time.Sleep(20 * time.Millisecond) // the connections are back in the pool
 		}
 		src.Close()
 	}
 	if len(encodings) != 1 || !encodings[""] {
 		t.Fatalf("a node on the loopback interface was asked for encodings %v, want none", encodings)
 	}
-	if len(conns) > 2*idleConnsPerNode {
+	// 8 a URL when they are kept (a few more when one is late back in the
+	// pool); 32 a URL when 2 are kept, as by Go's default.
+	if len(conns) > 3*idleConnsPerNode {
 		t.Fatalf("%d connections for 5 rounds of %d calls at once to each of two URLs: connections were closed between rounds",
 			len(conns), idleConnsPerNode)
 	}
