@@ -357,8 +357,9 @@ func TestStatisticsFollowABurstOfOpenOrders(t *testing.T) {
 	pgtest.Exec(t, db, insertSightings+`SELECT 'mpt_n' || g, 'bitcoin', 'BTC', 'n' || g, 'vout:0', 0, 'bc1qshop', 7 + g, $1, $1, false
 		FROM generate_series(1, 1000) g`, now)
 	pgtest.Exec(t, db, insertSightings+`VALUES ('mpt_pay', 'bitcoin', 'BTC', 'pay', 'vout:0', 0, 'bc1qshop', 5000, $1, $1, false)`, now)
-	// The statistics server counters are sent at each transaction's end,
-	// at most every half second: wait until they show the burst.
+	// A session sends its statistics counters at a transaction's end at
+	// most once a second, and within 10 s when idle: wait until they show
+	// the burst.
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		var moved int
@@ -383,5 +384,63 @@ func TestStatisticsFollowABurstOfOpenOrders(t *testing.T) {
 	// Nothing moved since: nothing to analyze.
 	if tables, err := rec.RefreshStatistics(t.Context()); err != nil || len(tables) != 0 {
 		t.Fatalf("analyzed %v (%v) again, with nothing changed", tables, err)
+	}
+}
+
+// Anyone may send the shop's shared address payments no order is waiting
+// for (dust, address-poisoning spam): 20,000 of them in the lookback,
+// known to the planner's statistics with the shop's settled orders, and
+// then 499 checkouts it has not seen
+// (fewer than RefreshStatistics waits for). The match step probes the
+// strays once per checkout, and each probe reads those of the checkout's
+// amount only, not every stray of the lookback (263,000 pages a match
+// statement here with a probe by address and first seen, 6,000,000 beside
+// 100,000 settled orders): the payment of one checkout is found among
+// them.
+func TestMatchingReadsOnlyStraysOfTheAmount(t *testing.T) {
+	db := pgtest.New(t)
+	now := time.Now().UTC().Truncate(time.Microsecond)
+	lookback := now.Add(-8 * 24 * time.Hour)
+	strays := `INSERT INTO transfers (id, network, asset, asset_contract, tx_hash, tx_key, idx, to_address, amount, block_number,
+			block_hash, state, first_seen_at, updated_at, block_time, receipt_entry)
+		SELECT 'trf_' || $2::text || g, 'ethereum', 'USDT', '0xusdt', md5($2::text || g), 'k', 1, '0xshop', $3::numeric + g, 100001, 'b',
+			'confirmed', $1::timestamptz - (g % 100) * interval '1 minute', $1, $1::timestamptz - (g % 100) * interval '1 minute', 1
+		FROM generate_series(1, $4::int) g`
+	pgtest.Exec(t, db, strays, now, "s", 333, 20000)
+	pgtest.Exec(t, db, `INSERT INTO orders (id, external_id, request_hash, network, asset, asset_contract, amount, pay_amount,
+			pay_address, unique_k, status, created_at, expires_at, monitor_until, updated_at, created_height, earliest_block_time)
+		SELECT 'ord_h' || g, 'h-' || g, '\x00', 'ethereum', 'USDT', '0xusdt', 1000000, 1000000 + g % 1000, '0xshop', g % 1000,
+			'settled', $1::timestamptz - interval '30 days', $1::timestamptz - interval '29 days',
+			$1::timestamptz - interval '28 days', $1, g, $1::timestamptz - interval '31 days'
+		FROM generate_series(1, 20000) g`, now)
+	pgtest.Exec(t, db, `ANALYZE`)
+	pgtest.Exec(t, db, `INSERT INTO orders (id, external_id, request_hash, network, asset, asset_contract, amount, pay_amount,
+			pay_address, unique_k, status, created_at, expires_at, monitor_until, updated_at, created_height, earliest_block_time)
+		SELECT 'ord_' || lpad(g::text, 3, '0'), 'o-' || g, '\x00', 'ethereum', 'USDT', '0xusdt', 2000000, 2000000 + g, '0xshop', g,
+			'awaiting_payment', $1::timestamptz - interval '3 hours', $1::timestamptz + interval '1 hour',
+			$1::timestamptz + interval '25 hours', $1, 100000, $1::timestamptz - interval '4 hours'
+		FROM generate_series(1, 499) g`, now)
+	// ord_007's payment (2,000,007), seen a minute ago.
+	pgtest.Exec(t, db, strays, now, "p", 2000006, 1)
+
+	for _, c := range []struct{ name, sql, want string }{
+		{"ambiguousOrders", ambiguousOrders, "[]"},
+		{"matchOrders", matchOrders, "[ord_007]"},
+	} {
+		tx := db.MustBegin()
+		p, plan := pgtest.Explain(t, tx, c.sql, now, lookback)
+		var locked []string
+		if err := tx.Select(&locked, c.sql, now, lookback); err != nil {
+			t.Fatal(err)
+		}
+		tx.Rollback()
+		// A few pages a checkout: about 1,200.
+		if p.Pages() > 5000 {
+			t.Errorf("%s read %.0f pages for 499 checkouts beside 20,000 strays:\n%s", c.name, p.Pages(), plan)
+		}
+		if fmt.Sprint(locked) != c.want {
+			t.Errorf("%s locked %v, want %s", c.name, locked, c.want)
+		}
+		t.Logf("%s: %.0f pages", c.name, p.Pages())
 	}
 }
