@@ -4,11 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
-	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
-
-	"github.com/paywatch/paywatch/migrations/pg"
 )
 
 // analyzedTables are the tables whose open rows (orders waiting for
@@ -27,35 +25,43 @@ var analyzedTables = []string{"orders", "transfers", "mempool_transfers", "webho
 // updated, deleted) before RefreshStatistics analyzes it again.
 const AnalyzeAfter = 500
 
-// RefreshStatistics analyzes each of analyzedTables that changed by
-// AnalyzeAfter rows or more since it was last analyzed (by anyone), and
-// returns the tables it analyzed. An ANALYZE that would wait for a lock
-// (autovacuum working on the table) is left for the next call.
+// RefreshStatistics analyzes each of analyzedTables (as the search path
+// finds them) that changed by AnalyzeAfter rows or more since it was last
+// analyzed, by anyone, and returns those it analyzed. A table someone else
+// is vacuuming or analyzing (autovacuum) is skipped, not waited for, and
+// so is one the database user may not analyze (not its owner): both are
+// tried again next time. One table's failure does not keep the others
+// from being analyzed.
 func (r *Reconciler) RefreshStatistics(ctx context.Context) ([]string, error) {
-	var stale []string
-	if err := r.db.SelectContext(ctx, &stale, `SELECT relname FROM pg_stat_user_tables
-		WHERE schemaname = current_schema() AND relname = ANY ($1) AND n_mod_since_analyze >= $2 ORDER BY relname`,
-		pq.Array(analyzedTables), AnalyzeAfter); err != nil {
+	const stale = `SELECT c.relname FROM unnest($1::text[]) AS t(name)
+		JOIN pg_stat_user_tables c ON c.relid = to_regclass(t.name)
+		WHERE c.n_mod_since_analyze >= $2 ORDER BY c.relname`
+	var tables []string
+	if err := r.db.SelectContext(ctx, &tables, stale, pq.Array(analyzedTables), AnalyzeAfter); err != nil {
 		return nil, fmt.Errorf("read table statistics: %w", err)
 	}
+	if len(tables) == 0 {
+		return nil, nil
+	}
+	var errs []error
+	for _, table := range tables {
+		// SKIP_LOCKED: a warning, not a wait, when the table's lock is
+		// taken (waiting, it could also cancel autovacuum's work).
+		if _, err := r.db.ExecContext(ctx, `ANALYZE (SKIP_LOCKED) `+pq.QuoteIdentifier(table)); err != nil {
+			errs = append(errs, fmt.Errorf("analyze %s: %w", table, err))
+		}
+	}
+	// What was analyzed is what no longer counts as changed (a table
+	// skipped, or not the user's to analyze, still does).
+	var left []string
+	if err := r.db.SelectContext(ctx, &left, stale, pq.Array(tables), AnalyzeAfter); err != nil {
+		return nil, errors.Join(append(errs, fmt.Errorf("read table statistics: %w", err))...)
+	}
 	var done []string
-	for _, table := range stale {
-		err := pg.Tx(ctx, r.db, func(tx *sqlx.Tx) error {
-			if _, err := tx.ExecContext(ctx, `SET LOCAL lock_timeout = '1s'`); err != nil {
-				return err
-			}
-			_, err := tx.ExecContext(ctx, `ANALYZE `+table)
-			return err
-		})
-		var pqErr *pq.Error
-		switch {
-		case errors.As(err, &pqErr) && pqErr.Code == "55P03":
-			// Autovacuum (or another instance) is at it: next time.
-		case err != nil:
-			return done, fmt.Errorf("analyze %s: %w", table, err)
-		default:
+	for _, table := range tables {
+		if !slices.Contains(left, table) {
 			done = append(done, table)
 		}
 	}
-	return done, nil
+	return done, errors.Join(errs...)
 }
