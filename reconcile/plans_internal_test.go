@@ -357,23 +357,7 @@ func TestStatisticsFollowABurstOfOpenOrders(t *testing.T) {
 	pgtest.Exec(t, db, insertSightings+`SELECT 'mpt_n' || g, 'bitcoin', 'BTC', 'n' || g, 'vout:0', 0, 'bc1qshop', 7 + g, $1, $1, false
 		FROM generate_series(1, 1000) g`, now)
 	pgtest.Exec(t, db, insertSightings+`VALUES ('mpt_pay', 'bitcoin', 'BTC', 'pay', 'vout:0', 0, 'bc1qshop', 5000, $1, $1, false)`, now)
-	// A session sends its statistics counters at a transaction's end at
-	// most once a second, and within 10 s when idle: wait until they show
-	// the burst.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		var moved int
-		if err := db.Get(&moved, `SELECT n_mod_since_analyze FROM pg_stat_user_tables WHERE relname = 'orders'`); err != nil {
-			t.Fatal(err)
-		}
-		if moved >= 10001 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the statistics counters show %d orders changed, want 10,001", moved)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	pgtest.WaitModified(t, db, "orders", 10001)
 
 	rec := New(db, slog.New(slog.DiscardHandler), time.Hour, 48*time.Hour)
 	tables, err := rec.RefreshStatistics(t.Context())

@@ -64,16 +64,7 @@ func TestRunnerAnalyzesWhatChangedBeforeAPass(t *testing.T) {
 	pgtest.Exec(t, db, `INSERT INTO webhook_outbox (id, order_id, type, created_at, next_attempt_at, body, status, delivered_at)
 		SELECT 'evt_' || g, 'ord_' || g, 'order.settled', now(), now(), 'x', 'delivered', now()
 		FROM generate_series(1, $1::int) g`, reconcile.AnalyzeAfter)
-	deadline := time.Now().Add(10 * time.Second)
-	for moved := 0; moved < reconcile.AnalyzeAfter; {
-		if err := db.Get(&moved, `SELECT n_mod_since_analyze FROM pg_stat_user_tables WHERE relname = 'webhook_outbox'`); err != nil {
-			t.Fatal(err)
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the statistics counters show %d events written, want %d", moved, reconcile.AnalyzeAfter)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	pgtest.WaitModified(t, db, "webhook_outbox", reconcile.AnalyzeAfter)
 	log := slog.New(slog.DiscardHandler)
 	r := reconcile.NewRunner(reconcile.New(db, log, time.Hour, 48*time.Hour), "@every 1h", "", "", log)
 	passed := make(chan struct{}, 1)
@@ -117,17 +108,8 @@ func TestRefreshStatisticsLeavesALockedTableForNextTime(t *testing.T) {
 	} {
 		pgtest.Exec(t, db, q, reconcile.AnalyzeAfter)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for moved := 0; moved < 2*reconcile.AnalyzeAfter; {
-		if err := db.Get(&moved, `SELECT sum(n_mod_since_analyze) FROM pg_stat_user_tables
-			WHERE relname IN ('webhook_outbox', 'orders')`); err != nil {
-			t.Fatal(err)
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the statistics counters show %d rows written, want %d", moved, 2*reconcile.AnalyzeAfter)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	pgtest.WaitModified(t, db, "webhook_outbox", reconcile.AnalyzeAfter)
+	pgtest.WaitModified(t, db, "orders", reconcile.AnalyzeAfter)
 	holder := db.MustBegin()
 	defer holder.Rollback()
 	holder.MustExec(`LOCK TABLE webhook_outbox IN SHARE UPDATE EXCLUSIVE MODE`) // what VACUUM and ANALYZE take

@@ -169,3 +169,26 @@ func Explain(t testing.TB, q sqlx.Queryer, query string, args ...any) (Plan, str
 	}
 	return plans[0].Plan, out
 }
+
+// WaitModified waits until PostgreSQL's statistics counters show at least
+// n rows of table changed since it was last analyzed, and fails t after
+// 30 s: a session sends its counters at a transaction's end at most once
+// a second, and within 10 s once idle.
+func WaitModified(t testing.TB, db *sqlx.DB, table string, n int) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var moved int
+		if err := db.Get(&moved, `SELECT coalesce((SELECT n_mod_since_analyze FROM pg_stat_user_tables
+			WHERE relid = to_regclass($1)), 0)`, table); err != nil {
+			t.Fatalf("pgtest: %v", err)
+		}
+		if moved >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pgtest: the statistics counters show %d rows of %s changed, want %d", moved, table, n)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
