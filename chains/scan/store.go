@@ -187,16 +187,29 @@ func (s *Store) Commit(ctx context.Context, c Commit) (orphaned int, err error) 
 			if err := upsertTransfers(ctx, tx, c.Network, c.Batch.Transfers, now, c.ConfirmedAtOrBelow); err != nil {
 				return err
 			}
+		}
+		if c.Cursor != nil {
+			// One round trip: the look-ups the scanner passed without seeing
+			// are orphaned, and the batch's block hashes and the cursor's
+			// are kept while those fallen out of the window are pruned.
+			var blocks []Block
+			if c.Batch != nil {
+				blocks = c.Batch.Blocks
+			}
+			numbers, hashes, below, err := windowBlocks(blocks, *c.Cursor, c.Window)
+			if err != nil {
+				return err
+			}
+			var lookups []string
+			if err := tx.SelectContext(ctx, &lookups, advanceBlocks, c.Network, int64(c.Cursor.Number), now,
+				pq.Array(numbers), pq.Array(hashes), below); err != nil {
+				return fmt.Errorf("orphan look-ups the scanner did not see, keep block hashes: %w", err)
+			}
+			orphans = append(orphans, lookups...)
+		} else if c.Batch != nil {
 			if err := storeBlocks(ctx, tx, c.Network, c.Batch.Blocks); err != nil {
 				return err
 			}
-		}
-		if c.Cursor != nil {
-			var lookups []string
-			if err := tx.SelectContext(ctx, &lookups, orphanLookups, c.Network, int64(c.Cursor.Number), now); err != nil {
-				return fmt.Errorf("orphan look-ups the scanner did not see: %w", err)
-			}
-			orphans = append(orphans, lookups...)
 		}
 		if len(orphans) > 0 {
 			// The dossiers of matched transfers the reorg took away say so on
@@ -224,21 +237,10 @@ func (s *Store) Commit(ctx context.Context, c Commit) (orphaned int, err error) 
 				return fmt.Errorf("record reorg: %w", err)
 			}
 		}
-		if c.Cursor != nil {
-			if err := storeBlocks(ctx, tx, c.Network, []Block{*c.Cursor}); err != nil {
-				return err
-			}
-			if c.Window > 0 && c.Cursor.Number > c.Window {
-				if _, err := tx.ExecContext(ctx, `DELETE FROM chain_blocks WHERE network = $1 AND block_number < $2`,
-					c.Network, int64(c.Cursor.Number-c.Window)); err != nil {
-					return fmt.Errorf("prune block hashes: %w", err)
-				}
-			}
-		}
+		var confirm *int64 // none: block_number <= NULL holds for no transfer
 		if c.ConfirmedAtOrBelow > 0 {
-			if _, err := tx.ExecContext(ctx, confirmTransfers, c.Network, int64(c.ConfirmedAtOrBelow), now); err != nil {
-				return fmt.Errorf("confirm transfers: %w", err)
-			}
+			h := int64(c.ConfirmedAtOrBelow)
+			confirm = &h
 		}
 		var number *int64
 		var hash *string
@@ -251,14 +253,9 @@ func (s *Store) Commit(ctx context.Context, c Commit) (orphaned int, err error) 
 			f := int64(c.First)
 			first = &f
 		}
-		if _, err := tx.ExecContext(ctx, `UPDATE chain_cursors SET block_number = $2, block_hash = $3, head = $4,
-			finalized = $5, last_error = NULL, updated_at = $6, first_block = COALESCE(first_block, $7),
-			confirmed_height = $8 WHERE network = $1`,
-			c.Network, number, hash, int64(c.Head.Number), int64(c.Head.Finalized), now, first, confirmedHeight(c)); err != nil {
-			return fmt.Errorf("advance cursor of %s: %w", c.Network, err)
-		}
-		if _, err := tx.ExecContext(ctx, `SELECT pg_notify($1, $2)`, pg.NotifyChannel, c.Network); err != nil {
-			return fmt.Errorf("notify: %w", err)
+		if _, err := tx.ExecContext(ctx, advanceCursor, c.Network, confirm, now, number, hash,
+			int64(c.Head.Number), int64(c.Head.Finalized), first, confirmedHeight(c), pg.NotifyChannel); err != nil {
+			return fmt.Errorf("confirm transfers, advance cursor of %s: %w", c.Network, err)
 		}
 		return nil
 	})
@@ -286,6 +283,65 @@ const confirmTransfers = `UPDATE transfers SET state = 'confirmed', updated_at =
 	WHERE network = $1 AND state = 'seen' AND NOT provisional AND block_number <= $2
 		AND NOT ('` + FlagBalancePending + `' = ANY (flags))`
 
+// advanceBlocks is a commit's step past its transfers, in one statement:
+// orphanLookups (network $1, cursor $2, time $3), then the block hashes
+// kept (heights $4, hashes $5) and those below $6 (NULL for none) pruned.
+// The data-modifying parts touch different rows (windowBlocks leaves out
+// what the prune removes), so that doing them together leaves what doing
+// them one after another would.
+const advanceBlocks = `WITH lookups AS (` + orphanLookups + `), kept AS (
+		INSERT INTO chain_blocks (network, block_number, block_hash)
+		SELECT $1, n, h FROM unnest($4::bigint[], $5::text[]) AS u(n, h)
+		ON CONFLICT (network, block_number) DO UPDATE SET block_hash = EXCLUDED.block_hash
+	), pruned AS (
+		DELETE FROM chain_blocks WHERE network = $1 AND block_number < $6
+	)
+	SELECT id FROM lookups`
+
+// windowBlocks returns the heights and hashes of a batch's blocks and the
+// cursor's to keep (the cursor's hash standing for its height), leaving
+// out those below the window, and the height below which kept hashes are
+// pruned (nil for none). A batch giving two hashes for one height is
+// refused.
+func windowBlocks(blocks []Block, cursor Block, window uint64) ([]int64, []string, *int64, error) {
+	var below *int64
+	if window > 0 && cursor.Number > window {
+		b := int64(cursor.Number - window)
+		below = &b
+	}
+	given := make(map[uint64]string, len(blocks)+1)
+	var order []uint64
+	for i, b := range append(slices.Clip(blocks), cursor) {
+		if h, ok := given[b.Number]; ok {
+			if h != b.Hash && i < len(blocks) {
+				return nil, nil, nil, fmt.Errorf("store block hashes: two hashes for block %d (%s, %s)", b.Number, h, b.Hash)
+			}
+		} else {
+			order = append(order, b.Number)
+		}
+		given[b.Number] = b.Hash
+	}
+	var numbers []int64
+	var hashes []string
+	for _, n := range order {
+		if below == nil || int64(n) >= *below {
+			numbers, hashes = append(numbers, int64(n)), append(hashes, given[n])
+		}
+	}
+	return numbers, hashes, below, nil
+}
+
+// advanceCursor ends a commit in one statement: confirmTransfers (network
+// $1, height $2, NULL for none, time $3), the cursor moved ($4 block, $5
+// hash, $6 head, $7 finalized, $8 the first block, $9 the confirmed
+// height) and the network's name notified on channel $10.
+const advanceCursor = `WITH confirmed AS (` + confirmTransfers + `), moved AS (
+		UPDATE chain_cursors SET block_number = $4, block_hash = $5, head = $6, finalized = $7, last_error = NULL,
+			updated_at = $3, first_block = COALESCE(first_block, $8), confirmed_height = $9
+		WHERE network = $1
+	)
+	SELECT pg_notify($10, $1)`
+
 // confirmedHeight is the highest block a commit confirms, bounded by its
 // cursor (a block not scanned yet holds nothing recorded to confirm, and a
 // verdict must not confirm a look-up's transfer above it); nil for none.
@@ -307,7 +363,7 @@ func sameBlock(cur cursorRow, prev *Block) bool {
 // upsertTransfers stores what the scanner found: a transfer already
 // recorded moves to the block it was found in now (a reorg that mined it
 // again) and stops being provisional.
-// A transfer at or below confirmedAtOrBelow that waits for no verdict is
+// A transfer at or below confirmedAtOrBelow (0: none) that waits for no verdict is
 // stored confirmed at once (a catch-up writes each row once).
 func upsertTransfers(ctx context.Context, tx *sqlx.Tx, network string, found []Found, now time.Time, confirmedAtOrBelow uint64) error {
 	return insertTransfers(ctx, tx, network, found, now, false, confirmedAtOrBelow)
@@ -333,7 +389,7 @@ func insertTransfers(ctx context.Context, tx *sqlx.Tx, network string, found []F
 		numbers[i], blockHashes[i] = int64(f.BlockNumber), f.BlockHash
 		flags[i] = strings.Join(f.Flags, ",")
 		states[i] = string(paywatch.TransferSeen)
-		if !provisional && f.BlockNumber <= confirmedAtOrBelow && !slices.Contains(f.Flags, FlagBalancePending) {
+		if !provisional && confirmedAtOrBelow > 0 && f.BlockNumber <= confirmedAtOrBelow && !slices.Contains(f.Flags, FlagBalancePending) {
 			states[i] = string(paywatch.TransferConfirmed)
 		}
 		if !f.BlockTime.IsZero() {
