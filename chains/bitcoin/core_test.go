@@ -325,12 +325,18 @@ func TestReadsBitcoinCoreAnswers(t *testing.T) {
 	// The mempool, read into a database as the daemon does.
 	db := pgtest.New(t)
 	memp := bitcoin.NewMempool(src, db, testLog())
+	before := time.Now()
 	if _, err := memp.Step(ctx); err != nil {
 		t.Fatal(err)
 	}
-	var amount string
-	if err := db.Get(&amount, `SELECT amount::text FROM mempool_transfers WHERE to_address = $1`, shopW); err != nil || amount != "777000" {
-		t.Fatalf("mempool payment %q (%v)", amount, err)
+	var sighting struct{ ID, Amount string }
+	if err := db.Get(&sighting, `SELECT id AS "id", amount::text AS "amount" FROM mempool_transfers WHERE to_address = $1`, shopW); err != nil || sighting.Amount != "777000" {
+		t.Fatalf("mempool payment %+v (%v)", sighting, err)
+	}
+	// Its id begins with the (wall clock) time it was made: "mpt_" and 9
+	// characters hold its milliseconds but the last 3 bits.
+	if lo, hi := paywatch.NewSortableID("mpt", before)[:13], paywatch.NewSortableID("mpt", time.Now().Add(8*time.Millisecond))[:13]; sighting.ID[:13] < lo || sighting.ID[:13] > hi {
+		t.Errorf("sighting id %s does not begin with when it was made (%s to %s)", sighting.ID, lo, hi)
 	}
 
 	wrong, err := bitcoin.NewSource(n, bitcoin.Credentials{User: "__cookie__", Pass: "stale"}, watch, testLog())

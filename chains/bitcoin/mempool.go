@@ -359,8 +359,9 @@ func (m *Mempool) record(ctx context.Context, network string, height uint64, see
 			n := len(seen)
 			ids, txids, keys, vouts, tos := make([]string, n), make([]string, n), make([]string, n), make([]int64, n), make([]string, n)
 			amounts, flags, spends := make([]string, n), make([]string, n), make([]string, n)
+			made := time.Now()
 			for i, s := range seen {
-				ids[i], txids[i], keys[i], vouts[i], tos[i] = paywatch.NewID("mpt"), s.txid, "vout:"+strconv.Itoa(s.vout), int64(s.vout), s.to
+				ids[i], txids[i], keys[i], vouts[i], tos[i] = paywatch.NewSortableID("mpt", made), s.txid, "vout:"+strconv.Itoa(s.vout), int64(s.vout), s.to
 				amounts[i], flags[i], spends[i] = s.amount.String(), strings.Join(s.flags, ","), strings.Join(s.spends, ",")
 			}
 			if _, err := tx.ExecContext(ctx, `

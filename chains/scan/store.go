@@ -381,8 +381,9 @@ func insertTransfers(ctx context.Context, tx *sqlx.Tx, network string, found []F
 	idx, froms, tos, amounts := make([]int64, n), make([]string, n), make([]string, n), make([]string, n)
 	numbers, blockHashes, flags, states := make([]int64, n), make([]string, n), make([]string, n), make([]string, n)
 	times := make([]*time.Time, n)
+	made := time.Now()
 	for i, f := range found {
-		ids[i] = paywatch.NewID("trf")
+		ids[i] = paywatch.NewSortableID("trf", made)
 		assets[i], contracts[i] = f.Asset.Symbol, f.Asset.Contract
 		hashes[i], keys[i], idx[i] = f.TxHash, f.TxKey, f.Index
 		froms[i], tos[i], amounts[i] = f.From, f.To, f.Amount.String()

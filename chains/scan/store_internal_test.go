@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/paywatch/paywatch"
 	"github.com/paywatch/paywatch/migrations/pgtest"
@@ -43,6 +44,7 @@ func TestCommitAdvancesBlocksAndCursor(t *testing.T) {
 		return blocks
 	}
 
+	before := time.Now()
 	// First commit: no depth reached (ConfirmedAtOrBelow 0), a transfer in
 	// block 0 stays seen.
 	c1 := Commit{Network: "ethereum", First: 0, Window: 5, Head: Head{Number: 3},
@@ -85,6 +87,18 @@ func TestCommitAdvancesBlocksAndCursor(t *testing.T) {
 	cur, _, err := s.Cursor(ctx, "ethereum")
 	if err != nil || cur == nil || *cur != *c2.Cursor {
 		t.Errorf("cursor %v (%v), want %v", cur, err, c2.Cursor)
+	}
+	// The transfers' ids begin with the (wall clock) time they were made:
+	// "trf_" and 9 characters hold its milliseconds but the last 3 bits.
+	var ids []string
+	if err := db.Select(&ids, `SELECT id FROM transfers`); err != nil || len(ids) != 5 {
+		t.Fatalf("%d transfers (%v)", len(ids), err)
+	}
+	lo, hi := paywatch.NewSortableID("trf", before)[:13], paywatch.NewSortableID("trf", time.Now().Add(8*time.Millisecond))[:13]
+	for _, id := range ids {
+		if id[:13] < lo || id[:13] > hi {
+			t.Errorf("transfer id %s does not begin with when it was made (%s to %s)", id, lo, hi)
+		}
 	}
 	var confirmed int64
 	if err := db.Get(&confirmed, `SELECT confirmed_height FROM chain_cursors WHERE network = 'ethereum'`); err != nil || confirmed != 20 {

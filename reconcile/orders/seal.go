@@ -157,8 +157,9 @@ func (s *Sealer) Enqueue(ctx context.Context, tx *sqlx.Tx, at time.Time, events 
 		return nil
 	}
 	ids, orderIDs, types := make([]string, len(events)), make([]string, len(events)), make([]string, len(events))
+	made := time.Now()
 	for i, e := range events {
-		ids[i], orderIDs[i], types[i] = paywatch.NewID("evt"), e.OrderID, e.Type
+		ids[i], orderIDs[i], types[i] = paywatch.NewSortableID("evt", made), e.OrderID, e.Type
 	}
 	// The bodies travel as one binary parameter and their lengths (-1 for
 	// none): no quoting of thousands of JSON documents into an array.

@@ -32,6 +32,7 @@ func TestEnqueueWritesEachEventsBody(t *testing.T) {
 	}
 	pgtest.Exec(t, db, `DELETE FROM webhook_outbox`) // creation's own events
 	sealer := orders.NewSealer([]*paywatch.Network{eth})
+	before := time.Now()
 	events := []orders.Event{{OrderID: a.ID, Type: "order.confirming"}, {OrderID: b.ID, Type: "order.expired"},
 		{OrderID: a.ID, Type: "order.settled"}}
 	err = pg.Tx(ctx, db, func(tx *sqlx.Tx) error {
@@ -54,6 +55,14 @@ func TestEnqueueWritesEachEventsBody(t *testing.T) {
 	}
 	if len(rows) != len(events) {
 		t.Fatalf("%d events written, want %d", len(rows), len(events))
+	}
+	// Their ids begin with the (wall clock) time they were made: "evt_"
+	// and 9 characters hold its milliseconds but the last 3 bits.
+	lo, hi := paywatch.NewSortableID("evt", before)[:13], paywatch.NewSortableID("evt", time.Now().Add(8*time.Millisecond))[:13]
+	for _, r := range rows {
+		if r.ID[:13] < lo || r.ID[:13] > hi {
+			t.Errorf("event id %s does not begin with when it was made (%s to %s)", r.ID, lo, hi)
+		}
 	}
 	for i, r := range rows {
 		var ev webhook.Event

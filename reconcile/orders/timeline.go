@@ -61,7 +61,7 @@ func AppendEvent(ctx context.Context, tx *sqlx.Tx, orderID string, at time.Time,
 // delivers it after commit, at least once.
 func EnqueueWebhook(ctx context.Context, tx *sqlx.Tx, orderID string, at time.Time, typ string) error {
 	_, err := tx.ExecContext(ctx, `INSERT INTO webhook_outbox (id, order_id, type, created_at, next_attempt_at)
-		VALUES ($1, $2, $3, $4, $4)`, paywatch.NewID("evt"), orderID, typ, at)
+		VALUES ($1, $2, $3, $4, $4)`, paywatch.NewSortableID("evt", time.Now()), orderID, typ, at)
 	if err != nil {
 		return fmt.Errorf("enqueue %s webhook for %s: %w", typ, orderID, err)
 	}
