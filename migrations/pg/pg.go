@@ -89,12 +89,37 @@ func begin(ctx context.Context, db *sqlx.DB) (*sqlx.Tx, error) {
 	tries := db.Stats().Idle + 1
 	for {
 		tx, err := db.BeginTxx(ctx, nil)
-		var netErr *net.OpError
 		tries--
-		if err == nil || !errors.As(err, &netErr) || netErr.Op == "dial" || netErr.Timeout() || tries <= 0 || ctx.Err() != nil {
+		if !connectionDied(ctx, err) || tries <= 0 {
 			return tx, err
 		}
 	}
+}
+
+// Read runs fn, a read outside a transaction, again on another connection
+// when its connection turned out to have died while idle in the pool (as
+// begin does for a BEGIN): a read answers the same wherever it runs, so the
+// caller (a checkout page polling its order) gets its answer instead of an
+// error, until the pool has had the chance to drop every idle connection it
+// held. fn must set what it returns afresh each time it runs.
+func Read(ctx context.Context, db *sqlx.DB, fn func() error) error {
+	tries := db.Stats().Idle + 1
+	for {
+		err := fn()
+		tries--
+		if !connectionDied(ctx, err) || tries <= 0 {
+			return err
+		}
+	}
+}
+
+// connectionDied reports whether err is a pooled connection's death seen
+// by the driver as a network error (not one the pool retries by itself):
+// not a connection that could not be opened (dial), not a timeout, and
+// not while ctx is done.
+func connectionDied(ctx context.Context, err error) bool {
+	var netErr *net.OpError
+	return err != nil && errors.As(err, &netErr) && netErr.Op != "dial" && !netErr.Timeout() && ctx.Err() == nil
 }
 
 // Constraint returns the name of the unique constraint a PostgreSQL error

@@ -5,6 +5,8 @@ import (
 	"reflect"
 	"testing"
 
+	"github.com/jmoiron/sqlx"
+
 	"github.com/paywatch/paywatch"
 	"github.com/paywatch/paywatch/migrations/pgtest"
 	"github.com/paywatch/paywatch/reconcile/orders"
@@ -122,5 +124,52 @@ func TestGetReadsEveryFieldAsListDoes(t *testing.T) {
 	if got.CustomerMarkedPaidAt == nil || got.SettledAt == nil || got.TxHashHint == "" || len(got.Metadata) == 0 ||
 		got.ExpiresAt.Equal(got.MonitorUntil) {
 		t.Fatalf("a field was not read: %+v", *got)
+	}
+}
+
+// A checkout page polling its order gets its answer when the pooled
+// connections died while idle (the network reset them, as a load balancer
+// dropping idle connections or a restarted server does): the read is made
+// again on another connection, not answered with the reset.
+func TestGetReadsAgainAfterItsConnectionDied(t *testing.T) {
+	ctx := context.Background()
+	_, dbURL := pgtest.NewWithURL(t)
+	p, viaProxy := pgtest.NewProxy(t, dbURL)
+	db, err := sqlx.Open("postgres", viaProxy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	const pooled = 4
+	db.SetMaxIdleConns(pooled)
+	db.SetMaxOpenConns(pooled)
+	s, _ := newStore(t, db)
+	o, _, err := s.Create(ctx, req("poll-1", usdt, 5_000_000))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for round := range 3 {
+		// Fill the pool with live idle connections, then reset them all.
+		var conns []*sqlx.Conn
+		for range pooled {
+			c, err := db.Connx(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			conns = append(conns, c)
+		}
+		for _, c := range conns {
+			c.Close()
+		}
+		if n := db.Stats().Idle; n != pooled {
+			t.Fatalf("%d idle connections, want %d", n, pooled)
+		}
+		p.Reset()
+		for i := range pooled {
+			got, err := s.Get(ctx, o.ID)
+			if err != nil || got.ID != o.ID {
+				t.Fatalf("round %d, read %d: %v", round, i, err)
+			}
+		}
 	}
 }

@@ -91,11 +91,22 @@ func (r *orderRow) order() (*paywatch.Order, error) {
 // more than running them). An order with no transfer (awaiting payment, as
 // a checkout polls it) is read by a statement about half the cost of the
 // one that also gathers transfers; an order with any is read again whole,
-// by that one, in one snapshot.
+// by that one, in one snapshot. A read whose pooled connection turned out
+// dead is made again on another (pg.Read).
 func (s *Store) Get(ctx context.Context, id string) (*paywatch.Order, error) {
 	if !pg.ValidText(id) {
 		return nil, paywatch.Errorf(paywatch.CodeNotFound, "no order %.80q", id)
 	}
+	var o *paywatch.Order
+	err := pg.Read(ctx, s.db, func() (err error) {
+		o, err = s.get(ctx, id)
+		return err
+	})
+	return o, err
+}
+
+// get reads one order, once (Get).
+func (s *Store) get(ctx context.Context, id string) (*paywatch.Order, error) {
 	bare, full, err := s.getStatements(ctx)
 	if err != nil {
 		return getOrder(ctx, s.db, id)
