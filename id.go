@@ -10,8 +10,8 @@ import (
 var idEncoding = base32.NewEncoding("abcdefghijklmnopqrstuvwxyz234567").WithPadding(base32.NoPadding)
 
 // sortedEncoding has idEncoding's characters in their byte order (digits
-// before letters, as every collation orders them too): the text of what it
-// encodes sorts as the bytes do.
+// before letters, as the C collation and the usual libc and ICU ones order
+// them too): the text of what it encodes sorts as the bytes do.
 var sortedEncoding = base32.NewEncoding("234567abcdefghijklmnopqrstuvwxyz").WithPadding(base32.NoPadding)
 
 // NewID returns a random identifier with a type prefix ("ord_…", "trf_…",
@@ -25,8 +25,8 @@ func NewID(prefix string) string {
 // NewSortableID returns an identifier like NewID's (the prefix, then 24
 // characters of the same set) whose first 48 bits are the time in
 // milliseconds and the other 72 random: identifiers made later sort after
-// those of an earlier millisecond. Rows written in bulk (transfers, webhook
-// events) then add to the right edge of their primary key's index instead
+// those of an earlier millisecond. Rows written in bulk (transfers, mempool
+// sightings, webhook events) then add to the right edge of their primary key's index instead
 // of to random pages all over it (a webhook event's insert cost half as
 // much at 100,000 rows).
 func NewSortableID(prefix string, now time.Time) string {

@@ -77,46 +77,51 @@ func Tx(ctx context.Context, db *sqlx.DB, fn func(tx *sqlx.Tx) error) error {
 }
 
 // begin starts a transaction on a live connection. A pooled connection
-// may have died while idle (the server restarted or ended the session, the
-// network dropped it); the driver sometimes learns it only from the
-// BEGIN's answer, as a network error rather than one the pool retries by
-// itself. Such a BEGIN started nothing, and the driver has marked its
-// connection bad, so it is sent again on another connection, until the
-// pool has had the chance to drop every idle connection it held. A
-// connection that could not be opened at all (the server is down or
-// refuses) is not tried again here: that is the caller's to retry.
+// may have died (the server restarted or ended the session, the network
+// dropped it); the driver sometimes learns it only from the BEGIN's answer,
+// as a network error rather than one the pool retries by itself. Such a
+// BEGIN started nothing, and the driver has marked its connection bad, so
+// it is sent again on another connection, as Read does.
 func begin(ctx context.Context, db *sqlx.DB) (*sqlx.Tx, error) {
-	tries := db.Stats().Idle + 1
-	for {
-		tx, err := db.BeginTxx(ctx, nil)
-		tries--
-		if !connectionDied(ctx, err) || tries <= 0 {
-			return tx, err
-		}
-	}
+	var tx *sqlx.Tx
+	err := Read(ctx, db, func() (err error) {
+		tx, err = db.BeginTxx(ctx, nil)
+		return err
+	})
+	return tx, err
 }
 
 // Read runs fn, a read outside a transaction, again on another connection
-// when its connection turned out to have died while idle in the pool (as
-// begin does for a BEGIN): a read answers the same wherever it runs, so the
-// caller (a checkout page polling its order) gets its answer instead of an
-// error, until the pool has had the chance to drop every idle connection it
-// held. fn must set what it returns afresh each time it runs.
+// when its connection turned out dead (connectionDied): a read answers the
+// same wherever it runs, so the caller (a checkout page polling its order)
+// gets its answer instead of an error. It tries again while the pool holds
+// idle connections (any of them may be dead too, and the driver drops each
+// that fails), then once on a new connection, and never more than the pool
+// held idle at the start, plus one: when every connection fails (the path
+// to the server resets them all), each caller costs the server at most one
+// new connection. fn must set what it returns afresh each time it runs.
 func Read(ctx context.Context, db *sqlx.DB, fn func() error) error {
 	tries := db.Stats().Idle + 1
+	fresh := false
 	for {
 		err := fn()
 		tries--
 		if !connectionDied(ctx, err) || tries <= 0 {
 			return err
 		}
+		if db.Stats().Idle == 0 {
+			if fresh {
+				return err
+			}
+			fresh = true
+		}
 	}
 }
 
-// connectionDied reports whether err is a pooled connection's death seen
-// by the driver as a network error (not one the pool retries by itself):
-// not a connection that could not be opened (dial), not a timeout, and
-// not while ctx is done.
+// connectionDied reports whether err is a connection's death as the driver
+// reports it, a network error (not one the pool retries by itself): not a
+// connection that could not be opened at all (dial: the server is down or
+// refuses, the caller's to retry), not a timeout, and not while ctx is done.
 func connectionDied(ctx context.Context, err error) bool {
 	var netErr *net.OpError
 	return err != nil && errors.As(err, &netErr) && netErr.Op != "dial" && !netErr.Timeout() && ctx.Err() == nil

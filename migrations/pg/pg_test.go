@@ -1,7 +1,14 @@
 package pg_test
 
 import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -80,5 +87,84 @@ func TestTxBeginsAgainAfterItsConnectionDied(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// Read tries again only when the connection died under it: not when a
+// connection could not be opened, on a timeout, once the caller gave up,
+// or on any other error.
+func TestReadTriesAgainOnlyWhenTheConnectionDied(t *testing.T) {
+	db, err := sqlx.Open("postgres", "postgres://nobody@127.0.0.1:1/x?sslmode=disable") // never dialled
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	reset := &net.OpError{Op: "read", Net: "tcp", Err: os.NewSyscallError("read", syscall.ECONNRESET)}
+	done, cancel := context.WithCancel(context.Background())
+	cancel()
+	for _, c := range []struct {
+		name string
+		err  error
+		ctx  context.Context
+		want int
+	}{
+		{"reset (wrapped), the pool empty (the connection was a new one)", fmt.Errorf("read order x: %w", reset), context.Background(), 1},
+		{"reset, the caller gone", reset, done, 1},
+		{"dial", &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}, context.Background(), 1},
+		{"timeout", &net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded}, context.Background(), 1},
+		{"another error", errors.New("pq: relation does not exist"), context.Background(), 1},
+	} {
+		n := 0
+		if err := pg.Read(c.ctx, db, func() error { n++; return c.err }); !errors.Is(err, c.err) || n != c.want {
+			t.Errorf("%s: %d tries (want %d), %v", c.name, n, c.want, err)
+		}
+	}
+}
+
+// When the path to the server resets every connection, old and new (a
+// load balancer in trouble), reads fail, and each costs the server at most
+// one new connection: the dead idle ones are tried, then one new one.
+func TestReadsOpenOneConnectionEachWhenEveryConnectionResets(t *testing.T) {
+	ctx := t.Context()
+	p, viaProxy := pgtest.NewProxy(t, pgtest.NewURL(t))
+	db, err := sqlx.Open("postgres", viaProxy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	const pooled, readers = 20, 40
+	db.SetMaxIdleConns(pooled)
+	db.SetMaxOpenConns(pooled)
+	var conns []*sqlx.Conn
+	for range pooled {
+		c, err := db.Connx(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+	}
+	for _, c := range conns {
+		c.Close()
+	}
+	p.Break()
+	before := p.Accepted()
+	var wg sync.WaitGroup
+	var failed atomic.Int64
+	for range readers {
+		wg.Go(func() {
+			if err := pg.Read(ctx, db, func() error {
+				var one int
+				return db.GetContext(ctx, &one, `SELECT 1`)
+			}); err != nil {
+				failed.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	if failed.Load() != readers {
+		t.Errorf("%d of %d reads failed, want all", failed.Load(), readers)
+	}
+	if opened := p.Accepted() - before; opened > readers {
+		t.Errorf("%d reads opened %d connections, want at most one each", readers, opened)
 	}
 }

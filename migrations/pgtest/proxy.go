@@ -10,9 +10,11 @@ import (
 // Proxy forwards TCP to a PostgreSQL server and misbehaves on demand, as
 // networks do: it can go silent, or reset the connections it holds.
 type Proxy struct {
-	ln     net.Listener
-	silent atomic.Bool
-	epoch  atomic.Int64
+	ln       net.Listener
+	silent   atomic.Bool
+	broken   atomic.Bool
+	epoch    atomic.Int64
+	accepted atomic.Int64
 }
 
 // NewProxy starts a proxy in front of the server of dbURL and returns it
@@ -36,6 +38,7 @@ func NewProxy(t testing.TB, dbURL string) (*Proxy, string) {
 			if err != nil {
 				return
 			}
+			p.accepted.Add(1)
 			s, err := net.Dial("tcp", target)
 			if err != nil {
 				c.Close()
@@ -43,7 +46,7 @@ func NewProxy(t testing.TB, dbURL string) (*Proxy, string) {
 			}
 			opened := p.epoch.Load()
 			go p.pipe(s, c, func() bool {
-				if p.epoch.Load() == opened {
+				if p.epoch.Load() == opened && !p.broken.Load() {
 					return false
 				}
 				_ = c.(*net.TCPConn).SetLinger(0) // close with a reset, not a goodbye
@@ -90,3 +93,11 @@ func (p *Proxy) Silence() { p.silent.Store(true) }
 // session ends with the client's message in flight. Connections opened
 // afterwards are forwarded as before.
 func (p *Proxy) Reset() { p.epoch.Add(1) }
+
+// Break has every connection, open now or opened later, reset when its
+// client next speaks: a path to the server that accepts and resets (a
+// load balancer or pooler in trouble).
+func (p *Proxy) Break() { p.broken.Store(true) }
+
+// Accepted is how many connections the proxy has accepted.
+func (p *Proxy) Accepted() int64 { return p.accepted.Load() }

@@ -130,8 +130,9 @@ func TestGetReadsEveryFieldAsListDoes(t *testing.T) {
 // A checkout page polling its order gets its answer when the pooled
 // connections died while idle (the network reset them, as a load balancer
 // dropping idle connections or a restarted server does): the read is made
-// again on another connection, not answered with the reset.
-func TestGetReadsAgainAfterItsConnectionDied(t *testing.T) {
+// again on another connection, not answered with the reset. So are a
+// storefront's list (its order by its own reference) and a timeline.
+func TestOrderReadsRunAgainAfterTheirConnectionDied(t *testing.T) {
 	ctx := context.Background()
 	_, dbURL := pgtest.NewWithURL(t)
 	p, viaProxy := pgtest.NewProxy(t, dbURL)
@@ -148,27 +149,51 @@ func TestGetReadsAgainAfterItsConnectionDied(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for round := range 3 {
-		// Fill the pool with live idle connections, then reset them all.
-		var conns []*sqlx.Conn
-		for range pooled {
-			c, err := db.Connx(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			conns = append(conns, c)
-		}
-		for _, c := range conns {
-			c.Close()
-		}
-		if n := db.Stats().Idle; n != pooled {
-			t.Fatalf("%d idle connections, want %d", n, pooled)
-		}
-		p.Reset()
-		for i := range pooled {
+	reads := map[string]func() error{
+		"get": func() error {
 			got, err := s.Get(ctx, o.ID)
-			if err != nil || got.ID != o.ID {
-				t.Fatalf("round %d, read %d: %v", round, i, err)
+			if err == nil && got.ID != o.ID {
+				t.Fatalf("read %s, want %s", got.ID, o.ID)
+			}
+			return err
+		},
+		"list by external id": func() error {
+			got, _, err := s.List(ctx, orders.Filter{ExternalID: "poll-1", Limit: 10})
+			if err == nil && (len(got) != 1 || got[0].ID != o.ID) {
+				t.Fatalf("listed %v, want %s", got, o.ID)
+			}
+			return err
+		},
+		"timeline": func() error {
+			got, err := s.Events(ctx, o.ID)
+			if err == nil && len(got) == 0 {
+				t.Fatal("an empty timeline")
+			}
+			return err
+		},
+	}
+	for what, read := range reads {
+		for round := range 3 {
+			// Fill the pool with live idle connections, then reset them all.
+			var conns []*sqlx.Conn
+			for range pooled {
+				c, err := db.Connx(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				conns = append(conns, c)
+			}
+			for _, c := range conns {
+				c.Close()
+			}
+			if n := db.Stats().Idle; n != pooled {
+				t.Fatalf("%d idle connections, want %d", n, pooled)
+			}
+			p.Reset()
+			for i := range pooled {
+				if err := read(); err != nil {
+					t.Fatalf("%s, round %d, read %d: %v", what, round, i, err)
+				}
 			}
 		}
 	}

@@ -234,6 +234,17 @@ type Filter struct {
 // List returns orders newest first, and the cursor of the next page ("" at
 // the end).
 func (s *Store) List(ctx context.Context, f Filter) ([]*paywatch.Order, string, error) {
+	var orders []*paywatch.Order
+	var next string
+	err := pg.Read(ctx, s.db, func() (err error) {
+		orders, next, err = s.list(ctx, f)
+		return err
+	})
+	return orders, next, err
+}
+
+// list reads one page of orders, once (List).
+func (s *Store) list(ctx context.Context, f Filter) ([]*paywatch.Order, string, error) {
 	p := pg.Page{From: `SELECT ` + orderColumns + ` FROM orders`, TimeCol: "created_at", IDCol: "id",
 		Limit: f.Limit, Cursor: f.Cursor}
 	if f.ExternalID != "" {

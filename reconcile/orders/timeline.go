@@ -9,6 +9,7 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/paywatch/paywatch"
+	"github.com/paywatch/paywatch/migrations/pg"
 )
 
 // Timeline event types.
@@ -90,8 +91,11 @@ func (s *Store) Events(ctx context.Context, orderID string) ([]paywatch.Event, e
 		return nil, err
 	}
 	var rows []eventRow
-	if err := s.db.SelectContext(ctx, &rows, `SELECT at, type, from_status, to_status, actor, detail::text AS detail
-		FROM order_events WHERE order_id = $1 ORDER BY id`, orderID); err != nil {
+	if err := pg.Read(ctx, s.db, func() error {
+		rows = nil
+		return s.db.SelectContext(ctx, &rows, `SELECT at, type, from_status, to_status, actor, detail::text AS detail
+			FROM order_events WHERE order_id = $1 ORDER BY id`, orderID)
+	}); err != nil {
 		return nil, fmt.Errorf("read timeline of %s: %w", orderID, err)
 	}
 	events := make([]paywatch.Event, len(rows))
