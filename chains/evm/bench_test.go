@@ -270,7 +270,7 @@ func benchmarkScan(b *testing.B, sb *scanBench, url string) {
 						if !watched[to] {
 							continue
 						}
-						if _, err := stmt.Exec(paywatch.NewID("trf"), "bench", "USDT", sb.Token.Hex(), l.TxHash.Hex(),
+						if _, err := stmt.Exec(paywatch.NewSortableID("trf", now), "bench", "USDT", sb.Token.Hex(), l.TxHash.Hex(),
 							fmt.Sprint(l.Index), int64(l.Index), common.BytesToAddress(l.Topics[1].Bytes()).Hex(), to.Hex(),
 							new(big.Int).SetBytes(l.Data).String(), int64(l.BlockNumber), l.BlockHash.Hex(), "seen", now, now); err != nil {
 							return err

@@ -64,7 +64,7 @@ func BenchmarkIngest(b *testing.B) {
 				}
 				now := time.Now()
 				for _, f := range found {
-					if _, err := stmt.Exec(paywatch.NewID("trf"), "ethereum", f.Asset.Symbol, f.Asset.Contract, f.TxHash, f.TxKey,
+					if _, err := stmt.Exec(paywatch.NewSortableID("trf", now), "ethereum", f.Asset.Symbol, f.Asset.Contract, f.TxHash, f.TxKey,
 						f.Index, f.From, f.To, f.Amount.String(), int64(f.BlockNumber), f.BlockHash, f.BlockTime, "seen",
 						pq.Array([]string{}), now, now, false); err != nil {
 						return err
