@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"math/big"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -427,6 +428,17 @@ func TestAmbiguousNeverGuesses(t *testing.T) {
 	got, _ := f.store.GetTransfer(context.Background(), tr)
 	if got.OrderID != "" || len(got.Flags) != 1 || got.Flags[0] != "ambiguous" {
 		t.Fatalf("ambiguous transfer %+v", got)
+	}
+	// Their webhook events, written by the statement that flags the
+	// payment, have ids of their own form (README, HTTP API).
+	var ids []string
+	if err := f.db.Select(&ids, `SELECT id FROM webhook_outbox WHERE type = 'order.disputed'`); err != nil || len(ids) != 2 {
+		t.Fatalf("dispute events %v (%v), want 2", ids, err)
+	}
+	for _, id := range ids {
+		if !regexp.MustCompile(`^evt_[0-9a-f]{32}$`).MatchString(id) {
+			t.Errorf("webhook event id %q is not evt_ and 32 hexadecimal characters", id)
+		}
 	}
 	// An operator decides.
 	if err := f.op.Attach(context.Background(), tr, b.ID, "customer sent the receipt by mail", "alice"); err != nil {

@@ -53,26 +53,7 @@ func TestTxBeginsAgainAfterItsConnectionDied(t *testing.T) {
 	}
 	for how, kill := range kills {
 		for round := range 3 {
-			// Fill the pool with live idle connections.
-			var wg sync.WaitGroup
-			hold := make(chan struct{})
-			for range pooled {
-				wg.Go(func() {
-					conn, err := db.Connx(ctx)
-					if err != nil {
-						t.Error(err)
-						return
-					}
-					defer conn.Close()
-					<-hold
-				})
-			}
-			time.Sleep(50 * time.Millisecond)
-			close(hold)
-			wg.Wait()
-			if n := db.Stats().Idle; n != pooled {
-				t.Fatalf("%d idle connections, want %d", n, pooled)
-			}
+			pgtest.FillPool(t, db, pooled)
 			if err := kill(); err != nil {
 				t.Fatal(err)
 			}
@@ -135,17 +116,7 @@ func TestReadsOpenOneConnectionEachWhenEveryConnectionResets(t *testing.T) {
 	const pooled, readers = 20, 40
 	db.SetMaxIdleConns(pooled)
 	db.SetMaxOpenConns(pooled)
-	var conns []*sqlx.Conn
-	for range pooled {
-		c, err := db.Connx(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		conns = append(conns, c)
-	}
-	for _, c := range conns {
-		c.Close()
-	}
+	pgtest.FillPool(t, db, pooled)
 	p.Break()
 	before := p.Accepted()
 	var wg sync.WaitGroup

@@ -125,6 +125,27 @@ func Exec(t testing.TB, db *sqlx.DB, query string, args ...any) {
 	}
 }
 
+// FillPool opens n connections of db at once and returns them to its pool,
+// idle, and fails the test unless the pool then holds n idle connections:
+// the state a daemon's pool is in between bursts.
+func FillPool(t testing.TB, db *sqlx.DB, n int) {
+	t.Helper()
+	conns := make([]*sqlx.Conn, 0, n)
+	for range n {
+		c, err := db.Connx(context.Background())
+		if err != nil {
+			t.Fatalf("pgtest: %v", err)
+		}
+		conns = append(conns, c)
+	}
+	for _, c := range conns {
+		c.Close()
+	}
+	if idle := db.Stats().Idle; idle != n {
+		t.Fatalf("pgtest: %d idle connections, want %d", idle, n)
+	}
+}
+
 // WaitForLockWaits waits until n sessions of db's database wait on locks,
 // and fails the test when they do not within 10 s.
 func WaitForLockWaits(t testing.TB, db *sqlx.DB, n int) {

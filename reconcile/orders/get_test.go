@@ -175,20 +175,7 @@ func TestOrderReadsRunAgainAfterTheirConnectionDied(t *testing.T) {
 	for what, read := range reads {
 		for round := range 3 {
 			// Fill the pool with live idle connections, then reset them all.
-			var conns []*sqlx.Conn
-			for range pooled {
-				c, err := db.Connx(ctx)
-				if err != nil {
-					t.Fatal(err)
-				}
-				conns = append(conns, c)
-			}
-			for _, c := range conns {
-				c.Close()
-			}
-			if n := db.Stats().Idle; n != pooled {
-				t.Fatalf("%d idle connections, want %d", n, pooled)
-			}
+			pgtest.FillPool(t, db, pooled)
 			p.Reset()
 			for i := range pooled {
 				if err := read(); err != nil {
