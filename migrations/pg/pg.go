@@ -98,8 +98,9 @@ func begin(ctx context.Context, db *sqlx.DB) (*sqlx.Tx, error) {
 // idle connections (any of them may be dead too, and the driver drops each
 // that fails), then once on a new connection, and never more than the pool
 // held idle at the start, plus one: when every connection fails (the path
-// to the server resets them all), each caller costs the server at most one
-// new connection. fn must set what it returns afresh each time it runs.
+// to the server resets them all), each caller costs the server about one
+// new connection (database/sql itself may open a second when the first
+// fails as it starts). fn must set what it returns afresh each time it runs.
 func Read(ctx context.Context, db *sqlx.DB, fn func() error) error {
 	tries := db.Stats().Idle + 1
 	fresh := false
