@@ -131,7 +131,8 @@ func TestGetReadsEveryFieldAsListDoes(t *testing.T) {
 // connections died while idle (the network reset them, as a load balancer
 // dropping idle connections or a restarted server does): the read is made
 // again on another connection, not answered with the reset. So are a
-// storefront's list (its order by its own reference) and a timeline.
+// storefront's list (its order by its own reference), a timeline and the
+// operator's list of transfers.
 func TestOrderReadsRunAgainAfterTheirConnectionDied(t *testing.T) {
 	ctx := context.Background()
 	_, dbURL := pgtest.NewWithURL(t)
@@ -162,6 +163,10 @@ func TestOrderReadsRunAgainAfterTheirConnectionDied(t *testing.T) {
 			if err == nil && (len(got) != 1 || got[0].ID != o.ID) {
 				t.Fatalf("listed %v, want %s", got, o.ID)
 			}
+			return err
+		},
+		"transfers": func() error {
+			_, _, err := s.ListTransfers(ctx, orders.TransferFilter{Limit: 10})
 			return err
 		},
 		"timeline": func() error {

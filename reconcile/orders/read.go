@@ -410,7 +410,10 @@ func (s *Store) ListTransfers(ctx context.Context, f TransferFilter) ([]paywatch
 		return nil, "", err
 	}
 	var rows []transferRow
-	if err := s.db.SelectContext(ctx, &rows, q, args...); err != nil {
+	if err := pg.Read(ctx, s.db, func() error {
+		rows = nil
+		return s.db.SelectContext(ctx, &rows, q, args...)
+	}); err != nil {
 		return nil, "", fmt.Errorf("list transfers: %w", err)
 	}
 	rows, next := pg.Next(rows, f.Limit, func(r *transferRow) (time.Time, string) { return r.FirstSeenAt, r.ID })
@@ -429,8 +432,11 @@ func (s *Store) GetTransfer(ctx context.Context, id string) (*paywatch.Transfer,
 		return nil, paywatch.Errorf(paywatch.CodeNotFound, "no transfer %.80q", id)
 	}
 	var rows []transferRow
-	if err := s.db.SelectContext(ctx, &rows, `SELECT `+TransferColumns+`
-		FROM transfers t LEFT JOIN chain_cursors c ON c.network = t.network WHERE t.id = $1`, id); err != nil {
+	if err := pg.Read(ctx, s.db, func() error {
+		rows = nil
+		return s.db.SelectContext(ctx, &rows, `SELECT `+TransferColumns+`
+			FROM transfers t LEFT JOIN chain_cursors c ON c.network = t.network WHERE t.id = $1`, id)
+	}); err != nil {
 		return nil, fmt.Errorf("read transfer %s: %w", id, err)
 	}
 	if len(rows) == 0 {
