@@ -26,6 +26,7 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
 
+	"github.com/paywatch/paywatch"
 	"github.com/paywatch/paywatch/chains/scan"
 	"github.com/paywatch/paywatch/ledger"
 	"github.com/paywatch/paywatch/reconcile/orders"
@@ -207,27 +208,39 @@ func queueReviews(ctx context.Context, ex sqlx.ExecerContext, now time.Time, ord
 // flagAmbiguous locks the orders that ambiguous transfers could pay, then
 // flags the transfers and disputes the orders, in one transaction.
 func (r *Reconciler) flagAmbiguous(ctx context.Context, now time.Time) (int64, error) {
-	return r.lockThen(ctx, now, ambiguousOrders, flagAmbiguous)
+	// $4: an id for the webhook event of each order it may dispute.
+	return r.lockThen(ctx, now, ambiguousOrders, flagAmbiguous, func(locked []string) []any {
+		made := time.Now()
+		ids := make([]string, len(locked))
+		for i := range ids {
+			ids[i] = paywatch.NewSortableID("evt", made)
+		}
+		return []any{pq.Array(ids)}
+	})
 }
 
 // match locks the orders transfers would pay, then ties the transfers to
 // them, in one transaction.
 func (r *Reconciler) match(ctx context.Context, now time.Time) (int64, error) {
-	return r.lockThen(ctx, now, matchOrders, matchTransfers)
+	return r.lockThen(ctx, now, matchOrders, matchTransfers, nil)
 }
 
 // lockThen runs lock (a SELECT … FOR NO KEY UPDATE of order ids) and then
 // apply over the orders it locked ($3), in one transaction; both take the
 // pass's parameters: $1 now, $2 the oldest first_seen_at that may still
 // match.
-func (r *Reconciler) lockThen(ctx context.Context, now time.Time, lock, apply string) (int64, error) {
+func (r *Reconciler) lockThen(ctx context.Context, now time.Time, lock, apply string, extra func(locked []string) []any) (int64, error) {
 	var n int64
 	err := r.Sealer.SealTx(ctx, r.db, func(tx *sqlx.Tx) error {
 		var locked []string
 		if err := tx.SelectContext(ctx, &locked, lock, now, now.Add(-r.Lookback)); err != nil || len(locked) == 0 {
 			return err
 		}
-		return tx.GetContext(ctx, &n, apply, now, now.Add(-r.Lookback), pq.Array(locked))
+		args := []any{now, now.Add(-r.Lookback), pq.Array(locked)}
+		if extra != nil {
+			args = append(args, extra(locked)...)
+		}
+		return tx.GetContext(ctx, &n, apply, args...)
 	})
 	return n, err
 }

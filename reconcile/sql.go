@@ -36,8 +36,8 @@ ORDER BY o.id FOR NO KEY UPDATE`
 // flagAmbiguous marks transfers that could pay more than one order (all of
 // them among the orders locked, $3), and disputes those of the orders that
 // hold no payment yet (a mempool sighting is none) as ambiguous: never a
-// guess. The transfers stay in
-// the inbox for an operator.
+// guess, each with its webhook event (ids from $4, one per order locked).
+// The transfers stay in the inbox for an operator.
 var flagAmbiguous = `
 WITH amb AS (
 	SELECT tid, array_agg(oid) AS oids` + candidates + `
@@ -59,7 +59,7 @@ WITH amb AS (
 	FROM disputed d
 ), wh AS (
 	INSERT INTO webhook_outbox (id, order_id, type, created_at, next_attempt_at)
-	SELECT 'evt_' || replace(gen_random_uuid()::text, '-', ''), id, 'order.disputed', $1, $1 FROM disputed
+	SELECT ($4::text[])[row_number() OVER (ORDER BY id)], id, 'order.disputed', $1, $1 FROM disputed
 )
 SELECT count(*) FROM flagged`
 
