@@ -140,20 +140,14 @@ func checkMempoolPairing(t *testing.T, db *sqlx.DB, now time.Time, maxPages floa
 func TestMempoolCandidatesReadNoOrderOfThePastOnStaleStatistics(t *testing.T) {
 	db := pgtest.New(t)
 	now := time.Now().UTC()
-	insertOrders := `INSERT INTO orders (id, external_id, request_hash, network, asset, asset_contract, amount, pay_amount,
-		pay_address, unique_k, status, created_at, expires_at, monitor_until, updated_at, created_height, earliest_block_time) `
 	// 100,000 settled orders on the shared address, 30,000 open ones on
 	// another network, and the open order a sighting will pay.
-	pgtest.Exec(t, db, insertOrders+`SELECT 'ord_s' || g, 's-' || g, '\x00', 'bitcoin', 'BTC', '', 1000000 + g, 1000000 + g,
-			'bc1qshop', g % 1000, 'settled', $1::timestamptz - interval '2 hours', $1::timestamptz - interval '1 hour', $1, $1, 0, $1
-		FROM generate_series(1, 100000) g`, now)
+	seedPastSales(t, db, now)
 	pgtest.Exec(t, db, insertOrders+`SELECT 'ord_e' || g, 'e-' || g, '\x00', 'ethereum', 'USDT', 'c', 1000 + g, 1000 + g,
 			'0xshop', g % 1000, 'awaiting_payment', $1::timestamptz - interval '1 hour', $1::timestamptz + interval '1 hour',
 			$1::timestamptz + interval '25 hours', $1, 0, $1
 		FROM generate_series(1, 30000) g`, now)
-	pgtest.Exec(t, db, insertOrders+`VALUES ('ord_open', 'open', '\x00', 'bitcoin', 'BTC', '', 5000, 5000, 'bc1qshop', 1,
-			'awaiting_payment', $1::timestamptz - interval '1 hour', $1::timestamptz + interval '1 hour',
-			$1::timestamptz + interval '25 hours', $1, 0, $1)`, now)
+	insertOpenOrder(t, db, now)
 	insertSightings := `INSERT INTO mempool_transfers (id, network, asset, tx_hash, tx_key, idx, to_address, amount,
 		first_seen_at, updated_at, dirty, left_at, left_reason) `
 	pgtest.Exec(t, db, insertSightings+`SELECT 'mpt_l' || g, 'bitcoin', 'BTC', 'l' || g, 'vout:0', 0, 'bc1qshop', 7 + g, $1, $1,
@@ -337,11 +331,7 @@ func TestDecidingAClaimReadsNoOrderOfThePast(t *testing.T) {
 func TestStatisticsFollowABurstOfOpenOrders(t *testing.T) {
 	db := pgtest.New(t)
 	now := time.Now().UTC()
-	insertOrders := `INSERT INTO orders (id, external_id, request_hash, network, asset, asset_contract, amount, pay_amount,
-		pay_address, unique_k, status, created_at, expires_at, monitor_until, updated_at, created_height, earliest_block_time) `
-	pgtest.Exec(t, db, insertOrders+`SELECT 'ord_s' || g, 's-' || g, '\x00', 'bitcoin', 'BTC', '', 1000000 + g, 1000000 + g,
-			'bc1qshop', g % 1000, 'settled', $1::timestamptz - interval '2 hours', $1::timestamptz - interval '1 hour', $1, $1, 0, $1
-		FROM generate_series(1, 100000) g`, now)
+	seedPastSales(t, db, now)
 	pgtest.Exec(t, db, `ANALYZE`)
 	// The sale: 10,000 checkouts on the shared address, and the one a
 	// sighting pays; then 1,000 dust outputs and that payment.
@@ -349,9 +339,7 @@ func TestStatisticsFollowABurstOfOpenOrders(t *testing.T) {
 			'bc1qshop', g % 1000, 'awaiting_payment', $1::timestamptz - interval '1 hour', $1::timestamptz + interval '1 hour',
 			$1::timestamptz + interval '25 hours', $1, 0, $1
 		FROM generate_series(1, 10000) g`, now)
-	pgtest.Exec(t, db, insertOrders+`VALUES ('ord_open', 'open', '\x00', 'bitcoin', 'BTC', '', 5000, 5000, 'bc1qshop', 1,
-			'awaiting_payment', $1::timestamptz - interval '1 hour', $1::timestamptz + interval '1 hour',
-			$1::timestamptz + interval '25 hours', $1, 0, $1)`, now)
+	insertOpenOrder(t, db, now)
 	insertSightings := `INSERT INTO mempool_transfers (id, network, asset, tx_hash, tx_key, idx, to_address, amount,
 		first_seen_at, updated_at, dirty) `
 	pgtest.Exec(t, db, insertSightings+`SELECT 'mpt_n' || g, 'bitcoin', 'BTC', 'n' || g, 'vout:0', 0, 'bc1qshop', 7 + g, $1, $1, false
@@ -427,4 +415,27 @@ func TestMatchingReadsOnlyStraysOfTheAmount(t *testing.T) {
 		}
 		t.Logf("%s: %.0f pages", c.name, p.Pages())
 	}
+}
+
+// insertOrders begins an INSERT of orders with the columns the plan tests
+// fill.
+const insertOrders = `INSERT INTO orders (id, external_id, request_hash, network, asset, asset_contract, amount, pay_amount,
+	pay_address, unique_k, status, created_at, expires_at, monitor_until, updated_at, created_height, earliest_block_time) `
+
+// seedPastSales writes 100,000 settled orders on the shop's shared Bitcoin
+// address (bc1qshop): a history the plans must not read.
+func seedPastSales(t *testing.T, db *sqlx.DB, now time.Time) {
+	t.Helper()
+	pgtest.Exec(t, db, insertOrders+`SELECT 'ord_s' || g, 's-' || g, '\x00', 'bitcoin', 'BTC', '', 1000000 + g, 1000000 + g,
+			'bc1qshop', g % 1000, 'settled', $1::timestamptz - interval '2 hours', $1::timestamptz - interval '1 hour', $1, $1, 0, $1
+		FROM generate_series(1, 100000) g`, now)
+}
+
+// insertOpenOrder writes ord_open, awaiting 5,000 units on bc1qshop: the
+// order a sighting pays.
+func insertOpenOrder(t *testing.T, db *sqlx.DB, now time.Time) {
+	t.Helper()
+	pgtest.Exec(t, db, insertOrders+`VALUES ('ord_open', 'open', '\x00', 'bitcoin', 'BTC', '', 5000, 5000, 'bc1qshop', 1,
+			'awaiting_payment', $1::timestamptz - interval '1 hour', $1::timestamptz + interval '1 hour',
+			$1::timestamptz + interval '25 hours', $1, 0, $1)`, now)
 }
