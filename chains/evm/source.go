@@ -221,6 +221,7 @@ func (s *Source) Scan(ctx context.Context, from, to uint64) (*scan.Batch, error)
 // in the same JSON-RPC batch, after the logs.
 func (s *Source) ScanWithHashes(ctx context.Context, from, to uint64, heights []uint64) (*scan.Batch, error) {
 	var latest, finalized, last, parent *blockRef
+	var wire []wireLog
 	var incoming []types.Log
 	elems := []rpc.BatchElem{
 		{Method: "eth_getBlockByNumber", Args: []any{"latest", false}, Result: &latest},
@@ -234,7 +235,7 @@ func (s *Source) ScanWithHashes(ctx context.Context, from, to uint64, heights []
 	}
 	logsAt := len(elems)
 	if len(s.tokens) > 0 {
-		elems = append(elems, rpc.BatchElem{Method: "eth_getLogs", Args: []any{s.incomingFilter(from, to)}, Result: &incoming})
+		elems = append(elems, rpc.BatchElem{Method: "eth_getLogs", Args: []any{s.incomingFilter(from, to)}, Result: &wire})
 	}
 	hashesAt := len(elems)
 	refs := make([]*blockRef, len(heights))
@@ -253,6 +254,10 @@ func (s *Source) ScanWithHashes(ctx context.Context, from, to uint64, heights []
 				return fmt.Errorf("%w: %v", scan.ErrRangeTooLarge, el.Error)
 			}
 			return fmt.Errorf("%s: %w", el.Method, el.Error)
+		}
+		var err error
+		if incoming, err = decodeLogs(wire); err != nil {
+			return fmt.Errorf("eth_getLogs: %w", err)
 		}
 		return nil
 	})
@@ -530,9 +535,10 @@ func (s *Source) LookupTx(ctx context.Context, hash string) ([]scan.Found, error
 		Status      hexutil.Uint64 `json:"status"`
 		BlockHash   common.Hash    `json:"blockHash"`
 		BlockNumber hexutil.Uint64 `json:"blockNumber"`
-		Logs        []types.Log    `json:"logs"`
+		Logs        []wireLog      `json:"logs"`
 	}
 	var tx *rpcTx
+	var logs []types.Log
 	var block *struct {
 		Time hexutil.Uint64 `json:"timestamp"`
 	}
@@ -546,6 +552,10 @@ func (s *Source) LookupTx(ctx context.Context, hash string) ([]scan.Found, error
 		if receipt == nil {
 			return nil
 		}
+		var err error
+		if logs, err = decodeLogs(receipt.Logs); err != nil {
+			return fmt.Errorf("eth_getTransactionReceipt: %w", err)
+		}
 		return e.rpc.CallContext(ctx, &block, "eth_getBlockByHash", receipt.BlockHash, false)
 	})
 	if err != nil || receipt == nil || tx == nil || uint64(receipt.Status) != types.ReceiptStatusSuccessful {
@@ -555,7 +565,7 @@ func (s *Source) LookupTx(ctx context.Context, hash string) ([]scan.Found, error
 	if block != nil {
 		at = time.Unix(int64(block.Time), 0).UTC()
 	}
-	found := s.tokenTransfers(receipt.Logs)
+	found := s.tokenTransfers(logs)
 	if s.native != nil && tx.To != nil && s.nativeWatch[*tx.To] && tx.Value != nil && tx.Value.ToInt().Sign() > 0 {
 		f := scan.Found{Asset: s.native, TxHash: tx.Hash.Hex(), TxKey: "native", Index: int64(tx.TransactionIndex),
 			From: tx.From.Hex(), To: tx.To.Hex(), Amount: tx.Value.ToInt(), BlockNumber: uint64(receipt.BlockNumber),

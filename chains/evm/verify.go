@@ -153,16 +153,17 @@ func (s *Source) checkKeys(ctx context.Context, keys []balanceKey) (map[balanceK
 	// What one attempt on one node read; a failed attempt's answers never
 	// reach the next node's.
 	var outLogs, inLogs [][]types.Log
+	var outWire, inWire [][]wireLog
 	var before, after []*hexutil.Bytes
 	var unknown map[balanceKey]bool // the node has no state for it
 	var failed map[balanceKey]bool  // its balance call failed otherwise: no verdict
 	err := s.nodes.call(ctx, func(ctx context.Context, e *endpoint) error {
-		outLogs, inLogs = make([][]types.Log, len(outFilters)), make([][]types.Log, len(inFilters))
+		outWire, inWire = make([][]wireLog, len(outFilters)), make([][]wireLog, len(inFilters))
 		before, after = make([]*hexutil.Bytes, len(keys)), make([]*hexutil.Bytes, len(keys))
 		unknown, failed = map[balanceKey]bool{}, map[balanceKey]bool{}
 		first := make([]rpc.BatchElem, 0, 2*len(keys)+len(outFilters))
 		for i, q := range outFilters {
-			first = append(first, rpc.BatchElem{Method: "eth_getLogs", Args: []any{q}, Result: &outLogs[i]})
+			first = append(first, rpc.BatchElem{Method: "eth_getLogs", Args: []any{q}, Result: &outWire[i]})
 		}
 		callsAt := len(first)
 		for i, k := range keys {
@@ -212,7 +213,7 @@ func (s *Source) checkKeys(ctx context.Context, keys []balanceKey) (map[balanceK
 		// The events into the holders, read after the balances.
 		second := make([]rpc.BatchElem, len(inFilters))
 		for i, q := range inFilters {
-			second[i] = rpc.BatchElem{Method: "eth_getLogs", Args: []any{q}, Result: &inLogs[i]}
+			second[i] = rpc.BatchElem{Method: "eth_getLogs", Args: []any{q}, Result: &inWire[i]}
 		}
 		if err := e.rpc.BatchCallContext(ctx, second); err != nil {
 			return err
@@ -222,7 +223,12 @@ func (s *Source) checkKeys(ctx context.Context, keys []balanceKey) (map[balanceK
 				return fmt.Errorf("eth_getLogs: %w", el.Error)
 			}
 		}
-		return nil
+		var err error
+		if outLogs, err = decodeLogLists(outWire); err != nil {
+			return err
+		}
+		inLogs, err = decodeLogLists(inWire)
+		return err
 	})
 	if err != nil {
 		return nil, nil, fmt.Errorf("check balances of blocks %d-%d: %w", from, to, err)
