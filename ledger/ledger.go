@@ -26,6 +26,8 @@ import (
 
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
+
+	"github.com/paywatch/paywatch/migrations/pg"
 )
 
 // Entry kinds.
@@ -221,7 +223,13 @@ type Book struct{ db *sqlx.DB }
 // NewBook returns a Book over db.
 func NewBook(db *sqlx.DB) *Book { return &Book{db: db} }
 
-// Balances is Balances over the Book's database.
+// Balances is Balances over the Book's database, read again on another
+// connection if its connection died (pg.Read).
 func (b *Book) Balances(ctx context.Context, prefix string) ([]Balance, error) {
-	return Balances(ctx, b.db, prefix)
+	var out []Balance
+	err := pg.Read(ctx, b.db, func() (err error) {
+		out, err = Balances(ctx, b.db, prefix)
+		return err
+	})
+	return out, err
 }

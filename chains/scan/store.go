@@ -514,8 +514,11 @@ func (s *Store) Ping(ctx context.Context) error { return s.db.PingContext(ctx) }
 // Statuses returns the scanners' state by network name.
 func (s *Store) Statuses(ctx context.Context) (map[string]Status, error) {
 	var rows []Status
-	if err := s.db.SelectContext(ctx, &rows, `SELECT network, block_number, block_hash, head, last_error, halted, updated_at
-		FROM chain_cursors`); err != nil {
+	if err := pg.Read(ctx, s.db, func() error {
+		rows = nil
+		return s.db.SelectContext(ctx, &rows, `SELECT network, block_number, block_hash, head, last_error, halted, updated_at
+			FROM chain_cursors`)
+	}); err != nil {
 		return nil, fmt.Errorf("read chain cursors: %w", err)
 	}
 	out := make(map[string]Status, len(rows))

@@ -21,6 +21,7 @@ import (
 	"github.com/paywatch/paywatch/cmd/paywatch/internal/metrics"
 	"github.com/paywatch/paywatch/ledger"
 	"github.com/paywatch/paywatch/migrations"
+	"github.com/paywatch/paywatch/migrations/pg"
 	"github.com/paywatch/paywatch/reconcile"
 	"github.com/paywatch/paywatch/reconcile/orders"
 	"github.com/paywatch/paywatch/reconcile/outbox"
@@ -120,6 +121,8 @@ type daemon struct {
 	// drainTimeout bounds the drain of in-flight requests at shutdown
 	// (shutdownTimeout).
 	drainTimeout time.Duration
+	// trace counts and logs the reads run again on another connection.
+	trace *pg.Trace
 }
 
 // watcher scans one network while this instance holds its lease.
@@ -177,8 +180,12 @@ func newDaemon(ctx context.Context, log *slog.Logger, cfg *config.Config) (*daem
 	apiServer := api.New(cfg, api.Deps{Orders: store, Chains: scans, Operator: op,
 		Ledger: ledger.NewBook(db), Webhooks: outbox.NewStore(db), Changes: changes, Nudge: runner.Nudge, Probes: scan.NewStore(control),
 		Metrics: m.Handler(), Schema: func(ctx context.Context) (int64, int64, error) { return migrations.Version(ctx, control.DB) }}, log)
+	trace := m.Trace()
 	srv := &http.Server{
-		Handler:           apiServer.Handler(),
+		Handler: apiServer.Handler(),
+		// Requests' reads report their retries (a request's context
+		// comes from this one, cancelled when its client goes).
+		BaseContext:       func(net.Listener) context.Context { return pg.WithTrace(context.Background(), trace) },
 		ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout:       30 * time.Second,
 		WriteTimeout:      api.MaxWait + 30*time.Second, // long-polls hold up to MaxWait
@@ -187,7 +194,7 @@ func newDaemon(ctx context.Context, log *slog.Logger, cfg *config.Config) (*daem
 	}
 	srv.RegisterOnShutdown(apiServer.Drain)
 	d := &daemon{log: log, cfg: cfg, db: db, control: control, listener: ln, http: srv, store: store, reconciler: runner, changes: changes,
-		drainTimeout: shutdownTimeout}
+		drainTimeout: shutdownTimeout, trace: trace}
 	if cfg.WebhookURL != "" {
 		d.sender = newSender(db, log, cfg)
 		d.sender.Metrics = m.Webhook
@@ -211,6 +218,7 @@ func newDaemon(ctx context.Context, log *slog.Logger, cfg *config.Config) (*daem
 
 // Run serves until ctx is cancelled, then drains in-flight requests.
 func (d *daemon) Run(ctx context.Context) error {
+	ctx = pg.WithTrace(ctx, d.trace)
 	d.log.Info("paywatch listening", "addr", d.listener.Addr().String(), "networks", len(d.cfg.Networks))
 	errc := make(chan error, 1)
 	go func() { errc <- d.http.Serve(d.listener) }()

@@ -91,6 +91,30 @@ func begin(ctx context.Context, db *sqlx.DB) (*sqlx.Tx, error) {
 	return tx, err
 }
 
+// Trace is told what Read does (the daemon counts and logs it): a load
+// balancer that drops idle connections, or a server restarting, shows up
+// as reads run again, which the callers never see.
+type Trace struct {
+	// Retried is called each time a read (or a transaction's BEGIN) runs
+	// again because its connection died with err.
+	Retried func(err error)
+}
+
+type traceKey struct{}
+
+// WithTrace returns ctx carrying t: the reads run with it, or with a
+// context made from it, report to t.
+func WithTrace(ctx context.Context, t *Trace) context.Context {
+	return context.WithValue(ctx, traceKey{}, t)
+}
+
+// retried tells ctx's Trace, if any, that a read runs again after err.
+func retried(ctx context.Context, err error) {
+	if t, ok := ctx.Value(traceKey{}).(*Trace); ok && t.Retried != nil {
+		t.Retried(err)
+	}
+}
+
 // Read runs fn, a read outside a transaction, again on another connection
 // when its connection turned out dead (connectionDied): a read answers the
 // same wherever it runs, so the caller (a checkout page polling its order)
@@ -101,6 +125,7 @@ func begin(ctx context.Context, db *sqlx.DB) (*sqlx.Tx, error) {
 // to the server resets them all), each caller costs the server about one
 // new connection (database/sql itself may open a second when the first
 // fails as it starts). fn must set what it returns afresh each time it runs.
+// Each time it runs again is reported to ctx's Trace (WithTrace).
 func Read(ctx context.Context, db *sqlx.DB, fn func() error) error {
 	tries := db.Stats().Idle + 1
 	fresh := false
@@ -116,6 +141,7 @@ func Read(ctx context.Context, db *sqlx.DB, fn func() error) error {
 			}
 			fresh = true
 		}
+		retried(ctx, err)
 	}
 }
 

@@ -144,3 +144,51 @@ func TestReadsOpenOneConnectionEachWhenEveryConnectionResets(t *testing.T) {
 	}
 	t.Logf("%d failed reads opened %d connections", readers, opened)
 }
+
+// Each time Read runs a read again, it tells the context's Trace why: the
+// daemon counts and logs it, so that connections dying under reads (which
+// the callers never see) show.
+func TestReadTellsItsTraceOfEachReadRunAgain(t *testing.T) {
+	p, viaProxy := pgtest.NewProxy(t, pgtest.NewURL(t))
+	db, err := sqlx.Open("postgres", viaProxy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	const pooled = 3
+	db.SetMaxIdleConns(pooled)
+	db.SetMaxOpenConns(pooled)
+	var why []error
+	ctx := pg.WithTrace(t.Context(), &pg.Trace{Retried: func(err error) { why = append(why, err) }})
+	read := func(ctx context.Context) error {
+		return pg.Read(ctx, db, func() error {
+			var one int
+			return db.GetContext(ctx, &one, `SELECT 1`)
+		})
+	}
+	pgtest.FillPool(t, db, pooled)
+	if err := read(ctx); err != nil || len(why) != 0 {
+		t.Fatalf("a read on live connections: %v, %d retries told", err, len(why))
+	}
+	p.Reset()
+	if err := read(ctx); err != nil {
+		t.Fatalf("the read after the reset: %v", err)
+	}
+	// The dead idle connections are tried in turn, then a new one answers.
+	if len(why) < 1 || len(why) > pooled {
+		t.Fatalf("%d retries told, want 1 to %d", len(why), pooled)
+	}
+	var netErr *net.OpError
+	for _, err := range why {
+		if !errors.As(err, &netErr) {
+			t.Errorf("told %v, not the connection's death", err)
+		}
+	}
+	// Without a trace, the same happens untold.
+	pgtest.FillPool(t, db, pooled)
+	p.Reset()
+	told := len(why)
+	if err := read(t.Context()); err != nil || len(why) != told {
+		t.Fatalf("a read without a trace: %v, %d more told", err, len(why)-told)
+	}
+}

@@ -95,8 +95,10 @@ func (s *Store) replay(ctx context.Context, req *CreateRequest, hash []byte) (*p
 		Hash []byte `db:"request_hash"`
 	}
 	if req.IdempotencyKey != "" {
-		err := s.db.GetContext(ctx, &prior, `SELECT id, request_hash FROM orders
-			WHERE idempotency_scope = $1 AND idempotency_key = $2`, req.IdempotencyScope, req.IdempotencyKey)
+		err := pg.Read(ctx, s.db, func() error {
+			return s.db.GetContext(ctx, &prior, `SELECT id, request_hash FROM orders
+				WHERE idempotency_scope = $1 AND idempotency_key = $2`, req.IdempotencyScope, req.IdempotencyKey)
+		})
 		switch {
 		case err == nil:
 			if !bytes.Equal(prior.Hash, hash) {
@@ -107,7 +109,9 @@ func (s *Store) replay(ctx context.Context, req *CreateRequest, hash []byte) (*p
 			return nil, fmt.Errorf("look up idempotency key: %w", err)
 		}
 	}
-	err := s.db.GetContext(ctx, &prior, `SELECT id, request_hash FROM orders WHERE external_id = $1`, req.ExternalID)
+	err := pg.Read(ctx, s.db, func() error {
+		return s.db.GetContext(ctx, &prior, `SELECT id, request_hash FROM orders WHERE external_id = $1`, req.ExternalID)
+	})
 	switch {
 	case err == nil:
 		if !bytes.Equal(prior.Hash, hash) {

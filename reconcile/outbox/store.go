@@ -79,7 +79,10 @@ func (s *Store) Deliveries(ctx context.Context, f Filter) ([]Delivery, string, e
 		return nil, "", err
 	}
 	var rows []Delivery
-	if err := s.db.SelectContext(ctx, &rows, q, args...); err != nil {
+	if err := pg.Read(ctx, s.db, func() error {
+		rows = nil
+		return s.db.SelectContext(ctx, &rows, q, args...)
+	}); err != nil {
 		return nil, "", fmt.Errorf("list deliveries: %w", err)
 	}
 	rows, next := pg.Next(rows, f.Limit, func(d *Delivery) (time.Time, string) { return d.CreatedAt, d.EventID })
@@ -137,10 +140,13 @@ type Backlog struct {
 // Backlog counts undelivered events and the age of the oldest pending one.
 func (s *Store) Backlog(ctx context.Context) (Backlog, error) {
 	var b Backlog
-	err := s.db.GetContext(ctx, &b, `SELECT count(*) FILTER (WHERE status = 'pending') AS pending,
-		count(*) FILTER (WHERE status = 'failed') AS failed, count(*) FILTER (WHERE status = 'refused') AS refused,
-		min(created_at) FILTER (WHERE status = 'pending') AS oldest
-		FROM webhook_outbox WHERE status <> 'delivered'`)
+	err := pg.Read(ctx, s.db, func() error {
+		b = Backlog{}
+		return s.db.GetContext(ctx, &b, `SELECT count(*) FILTER (WHERE status = 'pending') AS pending,
+			count(*) FILTER (WHERE status = 'failed') AS failed, count(*) FILTER (WHERE status = 'refused') AS refused,
+			min(created_at) FILTER (WHERE status = 'pending') AS oldest
+			FROM webhook_outbox WHERE status <> 'delivered'`)
+	})
 	if err != nil {
 		return b, fmt.Errorf("webhook backlog: %w", err)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/paywatch/paywatch/chains/scan"
+	"github.com/paywatch/paywatch/migrations/pg"
 	"github.com/paywatch/paywatch/reconcile/outbox"
 )
 
@@ -32,6 +33,7 @@ type Metrics struct {
 	passFailures  prometheus.Counter
 	webhookTries  *prometheus.CounterVec
 	webhookTime   prometheus.Histogram
+	readsRetried  prometheus.Counter
 
 	// state reads the gauges from the database.
 	state *state
@@ -40,6 +42,10 @@ type Metrics struct {
 // New registers every metric; state read at scrape time comes from db.
 func New(db *sqlx.DB, log *slog.Logger) *Metrics {
 	m := &Metrics{reg: prometheus.NewRegistry(), state: &state{db: db, log: log, backlog: outbox.NewStore(db), now: time.Now}}
+	m.state.trace = &pg.Trace{Retried: func(err error) {
+		m.readsRetried.Inc()
+		log.Warn("a database connection had died; the read runs again on another", "err", err)
+	}}
 	m.scanBatch = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "paywatch_scan_batch_seconds",
 		Help:    "Time to read and commit one batch of blocks.",
 		Buckets: prometheus.ExponentialBuckets(0.005, 2.5, 10)}, []string{"network"})
@@ -59,8 +65,10 @@ func New(db *sqlx.DB, log *slog.Logger) *Metrics {
 		[]string{"outcome"})
 	m.webhookTime = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "paywatch_webhook_latency_seconds",
 		Help: "Time the storefront took to answer a webhook.", Buckets: prometheus.ExponentialBuckets(0.005, 2.5, 10)})
+	m.readsRetried = prometheus.NewCounter(prometheus.CounterOpts{Name: "paywatch_database_reads_retried_total",
+		Help: "Reads (and transaction starts) run again on another connection because theirs had died."})
 	m.reg.MustRegister(m.scanBatch, m.scanBlocks, m.transfersSeen, m.scanErrors, m.passDuration, m.passFailures,
-		m.webhookTries, m.webhookTime,
+		m.webhookTries, m.webhookTime, m.readsRetried,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.state)
 	return m
@@ -93,6 +101,10 @@ func (m *Metrics) Pass(took time.Duration, err error) {
 	}
 }
 
+// Trace is what the daemon's reads report to (pg.WithTrace): each read
+// run again on another connection is counted, and logged with why.
+func (m *Metrics) Trace() *pg.Trace { return m.state.trace }
+
 // Webhook records a delivery attempt.
 func (m *Metrics) Webhook(outcome string, latency time.Duration) {
 	m.webhookTries.WithLabelValues(outcome).Inc()
@@ -106,6 +118,7 @@ type state struct {
 	log     *slog.Logger
 	backlog *outbox.Store
 	now     func() time.Time // the clock the cache's age is read on
+	trace   *pg.Trace        // its own reads report to it too
 
 	mu     sync.Mutex
 	at     time.Time
@@ -154,13 +167,16 @@ func (s *state) Collect(ch chan<- prometheus.Metric) {
 }
 
 func (s *state) collect(ch chan<- prometheus.Metric) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(pg.WithTrace(context.Background(), s.trace), 5*time.Second)
 	defer cancel()
 	up := 1.0
 	defer func() { ch <- prometheus.MustNewConstMetric(upDesc, prometheus.GaugeValue, up) }()
 	var nets []scan.Status
-	if err := s.db.SelectContext(ctx, &nets, `SELECT network, block_number, block_hash, head, last_error, halted, updated_at
-		FROM chain_cursors`); err != nil {
+	if err := pg.Read(ctx, s.db, func() error {
+		nets = nil
+		return s.db.SelectContext(ctx, &nets, `SELECT network, block_number, block_hash, head, last_error, halted, updated_at
+			FROM chain_cursors`)
+	}); err != nil {
 		s.log.Warn("metrics: read chain cursors", "err", err)
 		up = 0
 		return
@@ -182,7 +198,10 @@ func (s *state) collect(ch chan<- prometheus.Metric) {
 		Status string `db:"status"`
 		N      int64  `db:"n"`
 	}
-	if err := s.db.SelectContext(ctx, &orders, `SELECT status, count(*) AS n FROM orders GROUP BY status`); err != nil {
+	if err := pg.Read(ctx, s.db, func() error {
+		orders = nil
+		return s.db.SelectContext(ctx, &orders, `SELECT status, count(*) AS n FROM orders GROUP BY status`)
+	}); err != nil {
 		s.log.Warn("metrics: count orders", "err", err)
 		up = 0
 		return

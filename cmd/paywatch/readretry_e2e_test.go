@@ -1,0 +1,84 @@
+package main
+
+import (
+	"io"
+	"net/http"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/paywatch/paywatch/migrations/pgtest"
+)
+
+// The API's reads outlive the pooled connections under them. After every
+// connection of the daemon's pools died while idle (a load balancer dropped
+// them, the server restarted), each read answers at once, from a new
+// connection, and each read run again is counted in /metrics
+// (paywatch_database_reads_retried_total) and logged.
+func TestAPIReadsOutliveDeadConnections(t *testing.T) {
+	p, viaProxy := pgtest.NewProxy(t, pgtest.NewURL(t))
+	d := startDaemon(t, writeConfig(t), viaProxy)
+	code, o := d.call("POST", "/v1/orders", e2eStorefrontKey,
+		`{"external_id":"dead-conn-1","network":"ethereum","asset":"USDT","amount":"12.5"}`)
+	if code != 201 {
+		t.Fatalf("create: %d %v", code, o)
+	}
+	id := o["id"].(string)
+	reads := []struct{ path, key string }{
+		{"/v1/orders/" + id, e2eStorefrontKey},
+		{"/v1/orders?external_id=dead-conn-1", e2eStorefrontKey},
+		{"/v1/orders/" + id + "/events", e2eOperatorKey},
+		{"/v1/transfers", e2eOperatorKey},
+		{"/v1/transfers?matched=false", e2eOperatorKey},
+		{"/v1/networks", e2eOperatorKey},
+		{"/v1/ledger/balances", e2eOperatorKey},
+		{"/v1/webhooks/deliveries", e2eOperatorKey},
+	}
+	get := func(path, key string) (int, string) {
+		req, _ := http.NewRequest("GET", d.url+path, nil)
+		req.Header.Set("Authorization", "Bearer "+key)
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		raw, _ := io.ReadAll(res.Body)
+		return res.StatusCode, string(raw)
+	}
+	for _, r := range reads {
+		// The read once on a live connection, which it leaves idle in
+		// the pool; then every connection dies.
+		if code, body := get(r.path, r.key); code != 200 {
+			t.Fatalf("GET %s: %d %s", r.path, code, body)
+		}
+		p.Reset()
+		if code, body := get(r.path, r.key); code != 200 {
+			t.Fatalf("GET %s after its connection died: %d %s", r.path, code, body)
+		}
+	}
+	// The idempotent replay of a creation reads before it writes.
+	p.Reset()
+	if code, body := d.call("POST", "/v1/orders", e2eStorefrontKey,
+		`{"external_id":"dead-conn-1","network":"ethereum","asset":"USDT","amount":"12.5"}`); code != 200 || body["id"] != id {
+		t.Fatalf("the creation again after its connection died: %d %v", code, body)
+	}
+	res, err := http.Get(d.url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	m := regexp.MustCompile(`(?m)^paywatch_database_reads_retried_total (\d+)$`).FindSubmatch(raw)
+	if m == nil {
+		t.Fatalf("no paywatch_database_reads_retried_total in /metrics:\n%s", raw)
+	}
+	// At least one for each read (the connection it had used), and any
+	// the daemon's own work ran again meanwhile.
+	if n, _ := strconv.Atoi(string(m[1])); n < len(reads)+1 {
+		t.Errorf("paywatch_database_reads_retried_total %d, want at least %d", n, len(reads)+1)
+	}
+	if logs := d.logText(); !strings.Contains(logs, "a database connection had died; the read runs again on another") {
+		t.Errorf("no retry logged:\n%s", logs)
+	}
+}
