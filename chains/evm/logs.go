@@ -16,41 +16,58 @@ import (
 // BenchmarkDecodeLogs). A catch-up that reads every Transfer log of a busy
 // token spends most of its own CPU decoding them.
 //
-// The fields every log has are required, as types.Log requires them; the
-// others may be absent, but not null: a mined log always has its block
-// number, block hash and index, and a node that answers null for one is
-// not believed (types.Log would take it for block 0).
+// What a mined log always has is required: its address, topics, data and
+// transaction hash (as types.Log requires them), and its block number,
+// block hash and index, which types.Log would read as block 0, a zero hash
+// and index 0 when a node leaves them out. The transaction index and the
+// block's timestamp may be absent or null (read as 0, as types.Log does).
 type wireLog struct {
 	Address        *common.Address `json:"address"`
 	Topics         []common.Hash   `json:"topics"`
 	Data           hexutil.Bytes   `json:"data"`
-	BlockNumber    hexutil.Uint64  `json:"blockNumber"`
+	BlockNumber    *hexutil.Uint64 `json:"blockNumber"`
 	TxHash         *common.Hash    `json:"transactionHash"`
-	TxIndex        hexutil.Uint    `json:"transactionIndex"`
-	BlockHash      common.Hash     `json:"blockHash"`
-	BlockTimestamp hexutil.Uint64  `json:"blockTimestamp"`
-	Index          hexutil.Uint    `json:"logIndex"`
+	TxIndex        *hexutil.Uint   `json:"transactionIndex"`
+	BlockHash      *common.Hash    `json:"blockHash"`
+	BlockTimestamp *hexutil.Uint64 `json:"blockTimestamp"`
+	Index          *hexutil.Uint   `json:"logIndex"`
 	Removed        bool            `json:"removed"`
 }
 
-// decodeLogs turns logs as read into types.Log, refusing one without the
-// fields every log has (a node that leaves them out is not believed).
+// decodeLogs turns logs as read into types.Log, refusing one without what
+// every mined log has (a node that leaves it out is not believed).
 func decodeLogs(ws []wireLog) ([]types.Log, error) {
 	logs := make([]types.Log, len(ws))
 	for i, w := range ws {
+		var missing string
 		switch {
 		case w.Address == nil:
-			return nil, errors.New("a log without its address")
+			missing = "address"
 		case w.Topics == nil:
-			return nil, errors.New("a log without its topics")
+			missing = "topics"
 		case w.Data == nil:
-			return nil, errors.New("a log without its data")
+			missing = "data"
 		case w.TxHash == nil:
-			return nil, errors.New("a log without its transaction hash")
+			missing = "transaction hash"
+		case w.BlockNumber == nil:
+			missing = "block number"
+		case w.BlockHash == nil:
+			missing = "block hash"
+		case w.Index == nil:
+			missing = "index"
 		}
-		logs[i] = types.Log{Address: *w.Address, Topics: w.Topics, Data: w.Data, BlockNumber: uint64(w.BlockNumber),
-			TxHash: *w.TxHash, TxIndex: uint(w.TxIndex), BlockHash: w.BlockHash, BlockTimestamp: uint64(w.BlockTimestamp), Index: uint(w.Index),
-			Removed: w.Removed}
+		if missing != "" {
+			return nil, errors.New("a log without its " + missing)
+		}
+		l := types.Log{Address: *w.Address, Topics: w.Topics, Data: w.Data, BlockNumber: uint64(*w.BlockNumber),
+			TxHash: *w.TxHash, BlockHash: *w.BlockHash, Index: uint(*w.Index), Removed: w.Removed}
+		if w.TxIndex != nil {
+			l.TxIndex = uint(*w.TxIndex)
+		}
+		if w.BlockTimestamp != nil {
+			l.BlockTimestamp = uint64(*w.BlockTimestamp)
+		}
+		logs[i] = l
 	}
 	return logs, nil
 }

@@ -58,9 +58,9 @@ func TestDecodeLogsReadsWhatTypesLogReads(t *testing.T) {
 	for _, data := range [][]byte{
 		logList(0), logList(1), logList(7),
 		[]byte("[" + aLog(3, "blockTimestamp", "transactionIndex", "removed") + "]"),
-		[]byte("[" + aLog(2, "blockNumber", "blockHash", "logIndex") + "]"),
+		[]byte("[" + nulled(aLog(4), "blockTimestamp", "transactionIndex") + "]"),
 		[]byte(`[{"address":"0x5fbdb2315678afecb367f032d93f642f64180aa3","topics":[],"data":"0x","transactionHash":"0x` +
-			strings.Repeat("ab", 32) + `"}]`),
+			strings.Repeat("ab", 32) + `","blockNumber":"0x1","blockHash":"0x` + strings.Repeat("cd", 32) + `","logIndex":"0x0"}]`),
 	} {
 		want, err := decodeTypesLogs(data)
 		if err != nil {
@@ -79,27 +79,32 @@ func TestDecodeLogsReadsWhatTypesLogReads(t *testing.T) {
 	}
 }
 
+// A log without what every mined log has, or with it null, is refused:
+// types.Log refuses the first four too, and would read the last three as
+// block 0, a zero hash and index 0.
 func TestDecodeLogsRefusesALogWithoutWhatEveryLogHas(t *testing.T) {
-	for _, field := range []string{"address", "topics", "data", "transactionHash"} {
+	for _, field := range []string{"address", "topics", "data", "transactionHash", "blockNumber", "blockHash", "logIndex"} {
 		data := []byte("[" + aLog(0) + "," + aLog(1, field) + "]")
 		if _, err := wireDecode(data); err == nil {
 			t.Errorf("a log without %s was taken", field)
 		}
-		if _, err := decodeTypesLogs(data); err == nil {
+		if _, err := wireDecode([]byte("[" + nulled(aLog(0), field) + "]")); err == nil {
+			t.Errorf("a log with a null %s was taken", field)
+		}
+	}
+	for _, field := range []string{"address", "topics", "data", "transactionHash"} {
+		if _, err := decodeTypesLogs([]byte("[" + aLog(1, field) + "]")); err == nil {
 			t.Errorf("types.Log took a log without %s: the two no longer agree", field)
 		}
-		null := []byte(strings.Replace(aLog(0), `"`+field+`":`, `"`+field+`":null,"was":`, 1))
-		if _, err := wireDecode([]byte("[" + string(null) + "]")); err == nil {
-			t.Errorf("a log with a null %s was taken", field)
-		}
 	}
-	// Null where a mined log has a value: refused, not read as block 0.
-	for _, field := range []string{"blockNumber", "blockHash", "logIndex"} {
-		null := strings.Replace(aLog(0), `"`+field+`":`, `"`+field+`":null,"was":`, 1)
-		if _, err := wireDecode([]byte("[" + null + "]")); err == nil {
-			t.Errorf("a log with a null %s was taken", field)
-		}
+}
+
+// nulled is the log with the fields named made null.
+func nulled(log string, fields ...string) string {
+	for _, f := range fields {
+		log = strings.Replace(log, `"`+f+`":`, `"`+f+`":null,"was":`, 1)
 	}
+	return log
 }
 
 func decodeTypesLogs(data []byte) ([]types.Log, error) {

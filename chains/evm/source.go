@@ -243,6 +243,11 @@ func (s *Source) ScanWithHashes(ctx context.Context, from, to uint64, heights []
 		elems = append(elems, rpc.BatchElem{Method: "eth_getBlockByNumber", Args: []any{blockTag(n), false}, Result: &refs[i]})
 	}
 	err := s.nodes.call(ctx, func(ctx context.Context, e *endpoint) error {
+		// Each node's answer alone: nothing a node that failed answered
+		// stays in what the next one answers (JSON decodes into what is
+		// already there).
+		latest, finalized, last, parent, wire = nil, nil, nil, nil, nil
+		clear(refs)
 		if err := e.rpc.BatchCallContext(ctx, elems); err != nil {
 			return err
 		}
@@ -258,6 +263,13 @@ func (s *Source) ScanWithHashes(ctx context.Context, from, to uint64, heights []
 		var err error
 		if incoming, err = decodeLogs(wire); err != nil {
 			return fmt.Errorf("eth_getLogs: %w", err)
+		}
+		// A node (or a relay in front of it) that ignores the range asked
+		// for must not move the cursor past blocks nobody read.
+		for _, l := range incoming {
+			if l.BlockNumber < from || l.BlockNumber > to {
+				return fmt.Errorf("eth_getLogs for blocks %d-%d answered a log of block %d", from, to, l.BlockNumber)
+			}
 		}
 		return nil
 	})
@@ -413,6 +425,7 @@ func (s *Source) fillBlockTimes(ctx context.Context, found []scan.Found) error {
 		Time hexutil.Uint64 `json:"timestamp"`
 	}, len(numbers))
 	err := s.nodes.call(ctx, func(ctx context.Context, e *endpoint) error {
+		clear(headers) // this node's answer alone
 		elems := make([]rpc.BatchElem, len(numbers))
 		for i, n := range numbers {
 			elems[i] = rpc.BatchElem{Method: "eth_getBlockByNumber", Args: []any{blockTag(n), false}, Result: &headers[i]}
@@ -448,6 +461,7 @@ func (s *Source) fillBlockTimes(ctx context.Context, found []scan.Found) error {
 func (s *Source) scanNative(ctx context.Context, from, to uint64) ([]scan.Found, []scan.Block, error) {
 	blocks := make([]*fullBlock, to-from+1)
 	err := s.nodes.call(ctx, func(ctx context.Context, e *endpoint) error {
+		clear(blocks) // this node's answer alone
 		elems := make([]rpc.BatchElem, len(blocks))
 		for i := range blocks {
 			elems[i] = rpc.BatchElem{Method: "eth_getBlockByNumber", Args: []any{blockTag(from + uint64(i)), true}, Result: &blocks[i]}
@@ -462,6 +476,9 @@ func (s *Source) scanNative(ctx context.Context, from, to uint64) ([]scan.Found,
 	for i, b := range blocks {
 		if b == nil {
 			return nil, nil, fmt.Errorf("block %d: %w", from+uint64(i), scan.ErrNoBlock)
+		}
+		if uint64(b.Number) != from+uint64(i) {
+			return nil, nil, fmt.Errorf("asked for block %d, the node answered block %d", from+uint64(i), uint64(b.Number))
 		}
 		refs = append(refs, scan.Block{Number: uint64(b.Number), Hash: b.Hash.Hex()})
 		for _, tx := range b.Transactions {
@@ -483,6 +500,7 @@ func (s *Source) scanNative(ctx context.Context, from, to uint64) ([]scan.Found,
 	// A reverted transaction moves no value: keep only successful ones.
 	receipts := make([]*rpcReceipt, len(found))
 	err = s.nodes.call(ctx, func(ctx context.Context, e *endpoint) error {
+		clear(receipts) // this node's answer alone
 		elems := make([]rpc.BatchElem, len(found))
 		for i, f := range found {
 			elems[i] = rpc.BatchElem{Method: "eth_getTransactionReceipt", Args: []any{f.TxHash}, Result: &receipts[i]}
@@ -543,18 +561,33 @@ func (s *Source) LookupTx(ctx context.Context, hash string) ([]scan.Found, error
 		Time hexutil.Uint64 `json:"timestamp"`
 	}
 	err := s.nodes.call(ctx, func(ctx context.Context, e *endpoint) error {
-		if err := e.rpc.BatchCallContext(ctx, []rpc.BatchElem{
+		receipt, tx, block, logs = nil, nil, nil, nil // this node's answer alone
+		elems := []rpc.BatchElem{
 			{Method: "eth_getTransactionReceipt", Args: []any{hash}, Result: &receipt},
 			{Method: "eth_getTransactionByHash", Args: []any{hash}, Result: &tx},
-		}); err != nil {
+		}
+		if err := e.rpc.BatchCallContext(ctx, elems); err != nil {
 			return err
 		}
+		if elems[0].Error != nil {
+			return fmt.Errorf("%s: %w", elems[0].Method, elems[0].Error)
+		}
 		if receipt == nil {
-			return nil
+			return nil // not mined (a pending transaction's fields are null: not read)
+		}
+		if elems[1].Error != nil {
+			return fmt.Errorf("%s: %w", elems[1].Method, elems[1].Error)
 		}
 		var err error
 		if logs, err = decodeLogs(receipt.Logs); err != nil {
 			return fmt.Errorf("eth_getTransactionReceipt: %w", err)
+		}
+		// A receipt's logs are of its block.
+		for _, l := range logs {
+			if l.BlockNumber != uint64(receipt.BlockNumber) || l.BlockHash != receipt.BlockHash {
+				return fmt.Errorf("eth_getTransactionReceipt: a log of block %d (%s) in a receipt of block %d (%s)",
+					l.BlockNumber, l.BlockHash.Hex(), uint64(receipt.BlockNumber), receipt.BlockHash.Hex())
+			}
 		}
 		return e.rpc.CallContext(ctx, &block, "eth_getBlockByHash", receipt.BlockHash, false)
 	})

@@ -580,6 +580,20 @@ func (s *Scanner) confirmedAtOrBelow(h Head) uint64 {
 // so catching up needs no header for blocks of the past.
 // It returns the batch's last block.
 func (s *Scanner) verify(ctx context.Context, b *Batch, from, to uint64, head Head) (Block, error) {
+	// Only what the range holds: a source that answered for other blocks
+	// (a node or relay that ignores the range it was asked for) would move
+	// the cursor past blocks nobody read.
+	for _, blk := range b.Blocks {
+		if blk.Number+1 < from || blk.Number > to {
+			return Block{}, fmt.Errorf("the source answered for blocks %d-%d with block %d", from, to, blk.Number)
+		}
+	}
+	for _, t := range b.Transfers {
+		if t.BlockNumber < from || t.BlockNumber > to {
+			return Block{}, fmt.Errorf("the source answered for blocks %d-%d with a transfer in block %d (%s)", from, to,
+				t.BlockNumber, t.TxHash)
+		}
+	}
 	recent := max(from, s.keptFrom(head.Number))
 	reported := map[uint64]string{}
 	deep := map[uint64]string{} // hashes of blocks below the window, as reported

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"math/big"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -320,5 +321,60 @@ func TestLookupRecordsAreProvisional(t *testing.T) {
 	want[13] = "orphaned 0xnot-mined provisional=true"
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("after the scanner passed:\n got %v\nwant %v", got, want)
+	}
+}
+
+// strayChain is a fakeChain whose source, while stray is set, answers a
+// range with a transfer or a block hash from beyond it (real ones, with
+// their canonical hashes), as a node or relay that ignores the range asked
+// for would.
+type strayChain struct {
+	*fakeChain
+	stray       bool
+	strayBlock  bool // a block hash beyond the range, not a transfer
+	strayHeight uint64
+}
+
+func (c *strayChain) Scan(ctx context.Context, from, to uint64) (*Batch, error) {
+	b, err := c.fakeChain.Scan(ctx, from, to)
+	if err != nil || !c.stray {
+		return b, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := c.strayHeight
+	if c.strayBlock {
+		b.Blocks = append(b.Blocks, Block{Number: n, Hash: c.hashes[n]})
+		return b, nil
+	}
+	b.Transfers = append(b.Transfers, Found{Asset: fakeAsset, TxHash: fmt.Sprintf("0xt%d-%s", n, c.hashes[n]), TxKey: "k",
+		To: "0xshop", Amount: big.NewInt(1), BlockNumber: n, BlockHash: c.hashes[n]})
+	return b, nil
+}
+
+// A batch holding a transfer or a block from beyond its range is refused:
+// the cursor stays where it was, and once the source answers for the range
+// again, no payment in the blocks it would have jumped is lost.
+func TestABatchFromBeyondItsRangeMovesNothing(t *testing.T) {
+	for _, strayBlock := range []bool{false, true} {
+		c := &strayChain{fakeChain: newFakeChain(300), stray: true, strayBlock: strayBlock, strayHeight: 250}
+		c.payments[50] = 5
+		store := NewStore(pgtest.New(t))
+		s := NewScanner(&paywatch.Network{Name: "fake", Confirmations: 2, PollInterval: time.Millisecond}, c, store,
+			slog.New(slog.NewTextHandler(io.Discard, nil)))
+		s.MaxBatch = 20
+		_, err := s.Step(context.Background())
+		if err == nil || !strings.Contains(err.Error(), "the source answered for blocks 0-19 with") {
+			t.Fatalf("stray block %v: step: %v, want the batch refused", strayBlock, err)
+		}
+		if cur, _, err := store.Cursor(context.Background(), "fake"); err != nil || cur != nil {
+			t.Fatalf("stray block %v: cursor %+v (%v), want none", strayBlock, cur, err)
+		}
+		c.stray = false
+		drain(t, s)
+		got := live(t, store)
+		if _, ok := got["0xt50-0xa50"]; !ok || len(got) != 1 {
+			t.Fatalf("stray block %v: transfers %v, want the payment in block 50 alone", strayBlock, got)
+		}
 	}
 }
