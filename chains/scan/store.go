@@ -508,8 +508,11 @@ type Status struct {
 	UpdatedAt  time.Time `db:"updated_at"`
 }
 
-// Ping checks that the database answers.
-func (s *Store) Ping(ctx context.Context) error { return s.db.PingContext(ctx) }
+// Ping checks that the database answers (on another connection if the
+// first one it tried had died: pg.Read).
+func (s *Store) Ping(ctx context.Context) error {
+	return pg.Read(ctx, s.db, func() error { return s.db.PingContext(ctx) })
+}
 
 // Statuses returns the scanners' state by network name.
 func (s *Store) Statuses(ctx context.Context) (map[string]Status, error) {

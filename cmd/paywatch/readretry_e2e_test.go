@@ -8,14 +8,20 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/jmoiron/sqlx"
+
+	"github.com/paywatch/paywatch/chains/scan"
 	"github.com/paywatch/paywatch/migrations/pgtest"
 )
 
 // The API's reads outlive the pooled connections under them. After every
 // connection of the daemon's pools died while idle (a load balancer dropped
-// them, the server restarted), each read answers at once, from a new
-// connection, and each read run again is counted in /metrics
-// (paywatch_database_reads_retried_total) and logged.
+// them, the server restarted), each read and /readyz answer at once, from a
+// new connection, and each read run again is counted in /metrics
+// (paywatch_database_reads_retried_total) and logged. (The look-ups of a
+// creation's replay and the gauges of /metrics are tested where they are
+// made: TestReplayLooksUpAgainAfterItsConnectionDied,
+// TestGaugesOutliveDeadConnections.)
 func TestAPIReadsOutliveDeadConnections(t *testing.T) {
 	p, viaProxy := pgtest.NewProxy(t, pgtest.NewURL(t))
 	d := startDaemon(t, writeConfig(t), viaProxy)
@@ -37,7 +43,9 @@ func TestAPIReadsOutliveDeadConnections(t *testing.T) {
 	}
 	get := func(path, key string) (int, string) {
 		req, _ := http.NewRequest("GET", d.url+path, nil)
-		req.Header.Set("Authorization", "Bearer "+key)
+		if key != "" {
+			req.Header.Set("Authorization", "Bearer "+key)
+		}
 		res, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)
@@ -57,11 +65,11 @@ func TestAPIReadsOutliveDeadConnections(t *testing.T) {
 			t.Fatalf("GET %s after its connection died: %d %s", r.path, code, body)
 		}
 	}
-	// The idempotent replay of a creation reads before it writes.
+	// Readiness too: a load balancer asking /readyz is not told "not
+	// ready" because an idle connection was dropped.
 	p.Reset()
-	if code, body := d.call("POST", "/v1/orders", e2eStorefrontKey,
-		`{"external_id":"dead-conn-1","network":"ethereum","asset":"USDT","amount":"12.5"}`); code != 200 || body["id"] != id {
-		t.Fatalf("the creation again after its connection died: %d %v", code, body)
+	if code, body := get("/readyz", ""); code != 200 {
+		t.Fatalf("/readyz after the connections died: %d %s", code, body)
 	}
 	res, err := http.Get(d.url + "/metrics")
 	if err != nil {
@@ -80,5 +88,34 @@ func TestAPIReadsOutliveDeadConnections(t *testing.T) {
 	}
 	if logs := d.logText(); !strings.Contains(logs, "a database connection had died; the read runs again on another") {
 		t.Errorf("no retry logged:\n%s", logs)
+	}
+}
+
+// /readyz's two reads (the ping, the schema's version) run again on another
+// connection when theirs had died while idle: a load balancer asking is not
+// told "not ready" because it dropped an idle connection.
+func TestReadinessReadsOutliveDeadConnections(t *testing.T) {
+	_, dbURL := pgtest.NewWithURL(t)
+	p, viaProxy := pgtest.NewProxy(t, dbURL)
+	db, err := sqlx.Open("postgres", viaProxy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	const pooled = 3
+	db.SetMaxIdleConns(pooled)
+	db.SetMaxOpenConns(pooled)
+	for round := range 3 {
+		pgtest.FillPool(t, db, pooled)
+		p.Reset()
+		if err := scan.NewStore(db).Ping(t.Context()); err != nil {
+			t.Fatalf("round %d: the ping after the connections died: %v", round, err)
+		}
+		pgtest.FillPool(t, db, pooled)
+		p.Reset()
+		current, latest, err := schemaVersion(db)(t.Context())
+		if err != nil || current != latest || current == 0 {
+			t.Fatalf("round %d: the schema's version after the connections died: %d of %d (%v)", round, current, latest, err)
+		}
 	}
 }

@@ -179,7 +179,7 @@ func newDaemon(ctx context.Context, log *slog.Logger, cfg *config.Config) (*daem
 	}
 	apiServer := api.New(cfg, api.Deps{Orders: store, Chains: scans, Operator: op,
 		Ledger: ledger.NewBook(db), Webhooks: outbox.NewStore(db), Changes: changes, Nudge: runner.Nudge, Probes: scan.NewStore(control),
-		Metrics: m.Handler(), Schema: func(ctx context.Context) (int64, int64, error) { return migrations.Version(ctx, control.DB) }}, log)
+		Metrics: m.Handler(), Schema: schemaVersion(control)}, log)
 	trace := m.Trace()
 	srv := &http.Server{
 		Handler: apiServer.Handler(),
@@ -304,6 +304,18 @@ func (d *daemon) Close() {
 	d.listener.Close()
 	d.db.Close()
 	d.control.Close()
+}
+
+// schemaVersion reads the schema's version for /readyz, on another
+// connection if the first one it tried had died (pg.Read).
+func schemaVersion(db *sqlx.DB) func(ctx context.Context) (current, latest int64, err error) {
+	return func(ctx context.Context) (current, latest int64, err error) {
+		err = pg.Read(ctx, db, func() (err error) {
+			current, latest, err = migrations.Version(ctx, db.DB)
+			return err
+		})
+		return current, latest, err
+	}
 }
 
 // controlConns is how many connections the control pool may hold: one per

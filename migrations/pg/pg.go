@@ -5,6 +5,7 @@ package pg
 
 import (
 	"context"
+	"database/sql/driver"
 	"encoding/base64"
 	"errors"
 	"fmt"
@@ -110,7 +111,7 @@ func WithTrace(ctx context.Context, t *Trace) context.Context {
 
 // retried tells ctx's Trace, if any, that a read runs again after err.
 func retried(ctx context.Context, err error) {
-	if t, ok := ctx.Value(traceKey{}).(*Trace); ok && t.Retried != nil {
+	if t, ok := ctx.Value(traceKey{}).(*Trace); ok && t != nil && t.Retried != nil {
 		t.Retried(err)
 	}
 }
@@ -146,12 +147,21 @@ func Read(ctx context.Context, db *sqlx.DB, fn func() error) error {
 }
 
 // connectionDied reports whether err is a connection's death as the driver
-// reports it, a network error (not one the pool retries by itself): not a
-// connection that could not be opened at all (dial: the server is down or
-// refuses, the caller's to retry), not a timeout, and not while ctx is done.
+// reports it: a network error (not one the pool retries by itself), or the
+// driver's "bad connection" (which it gives only when nothing was done,
+// as a ping on a dead connection gets when database/sql has run out of
+// tries): not a connection that could not be opened at all (dial: the
+// server is down or refuses, the caller's to retry), not a timeout, and
+// not while ctx is done.
 func connectionDied(ctx context.Context, err error) bool {
+	if err == nil || ctx.Err() != nil {
+		return false
+	}
+	if errors.Is(err, driver.ErrBadConn) {
+		return true
+	}
 	var netErr *net.OpError
-	return err != nil && errors.As(err, &netErr) && netErr.Op != "dial" && !netErr.Timeout() && ctx.Err() == nil
+	return errors.As(err, &netErr) && netErr.Op != "dial" && !netErr.Timeout()
 }
 
 // Constraint returns the name of the unique constraint a PostgreSQL error

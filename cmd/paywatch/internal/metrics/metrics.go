@@ -44,7 +44,7 @@ func New(db *sqlx.DB, log *slog.Logger) *Metrics {
 	m := &Metrics{reg: prometheus.NewRegistry(), state: &state{db: db, log: log, backlog: outbox.NewStore(db), now: time.Now}}
 	m.state.trace = &pg.Trace{Retried: func(err error) {
 		m.readsRetried.Inc()
-		log.Warn("a database connection had died; the read runs again on another", "err", err)
+		log.Warn("a database connection had died; the read runs again on another", "err", err) // or the BEGIN
 	}}
 	m.scanBatch = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "paywatch_scan_batch_seconds",
 		Help:    "Time to read and commit one batch of blocks.",
@@ -66,7 +66,7 @@ func New(db *sqlx.DB, log *slog.Logger) *Metrics {
 	m.webhookTime = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "paywatch_webhook_latency_seconds",
 		Help: "Time the storefront took to answer a webhook.", Buckets: prometheus.ExponentialBuckets(0.005, 2.5, 10)})
 	m.readsRetried = prometheus.NewCounter(prometheus.CounterOpts{Name: "paywatch_database_reads_retried_total",
-		Help: "Reads (and transaction starts) run again on another connection because theirs had died."})
+		Help: "Attempts of reads (and of transaction starts) run again on another connection because theirs had died."})
 	m.reg.MustRegister(m.scanBatch, m.scanBlocks, m.transfersSeen, m.scanErrors, m.passDuration, m.passFailures,
 		m.webhookTries, m.webhookTime, m.readsRetried,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),

@@ -5,9 +5,13 @@ import (
 	"log/slog"
 	"net/http/httptest"
 	"regexp"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/jmoiron/sqlx"
 
 	"github.com/paywatch/paywatch/migrations/pgtest"
 )
@@ -90,5 +94,52 @@ func TestDatabaseGaugesReadAtMostEvery10s(t *testing.T) {
 	clock.advance(5 * time.Second)
 	if got := head(); got != "300" {
 		t.Fatalf("scrape 10 s after the second read: head %s, want 300", got)
+	}
+}
+
+// The gauges' reads run again on another connection when theirs had died
+// while idle (a load balancer dropped it): the scrape says
+// paywatch_database_up 1 with the gauges, and counts the retries.
+func TestGaugesOutliveDeadConnections(t *testing.T) {
+	_, dbURL := pgtest.NewWithURL(t)
+	p, viaProxy := pgtest.NewProxy(t, dbURL)
+	db, err := sqlx.Open("postgres", viaProxy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	db.SetMaxIdleConns(3)
+	m := New(db, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	clock := &fakeClock{t: time.Now()}
+	m.state.now = clock.now
+	srv := httptest.NewServer(m.Handler())
+	defer srv.Close()
+	scrape := func() string {
+		t.Helper()
+		res, err := srv.Client().Get(srv.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		body, _ := io.ReadAll(res.Body)
+		return string(body)
+	}
+	for round := range 3 {
+		pgtest.FillPool(t, db, 3)
+		p.Reset()
+		clock.advance(cacheFor)
+		body := scrape()
+		if !strings.Contains(body, "\npaywatch_database_up 1\n") || !strings.Contains(body, "paywatch_webhook_backlog{status=\"pending\"} 0") {
+			t.Fatalf("round %d: the scrape after the connections died:\n%s", round, body)
+		}
+		// The counter as the next scrape shows it (this one may have
+		// gathered it before the gauges' reads counted).
+		n := regexp.MustCompile(`(?m)^paywatch_database_reads_retried_total (\d+)$`).FindStringSubmatch(scrape())
+		if n == nil {
+			t.Fatalf("round %d: no paywatch_database_reads_retried_total", round)
+		}
+		if got, _ := strconv.Atoi(n[1]); got <= round {
+			t.Fatalf("round %d: paywatch_database_reads_retried_total %v, want more than %d", round, n, round)
+		}
 	}
 }
