@@ -354,12 +354,18 @@ func benchmarkScan(b *testing.B, sb *scanBench, url string) {
 				go func() { done <- s.Run(ctx) }()
 				select {
 				case <-reached.done:
-				case err := <-done:
-					b.Fatalf("the scanner stopped before the head: %v", err)
 				case <-time.After(5 * time.Minute):
+					stop()
 					b.Fatal("timed out waiting for the scanner to reach the head")
 				}
 				b.StopTimer()
+				// What the batches reported is where the cursor stands (a
+				// block committed twice would have stopped the clock early).
+				var cursor int64
+				if err := clock.Get(&cursor, `SELECT block_number FROM chain_cursors`); err != nil || cursor != int64(sb.To) {
+					stop()
+					b.Fatalf("the scanner reported the head reached with the cursor at %d (%v), want %d", cursor, err, sb.To)
+				}
 				scanned += time.Since(start)
 				paired = append(paired, bareTook.Seconds()/time.Since(start).Seconds())
 				waitUntil(b, clock, `SELECT count(*) = 0 FROM transfers WHERE $1 = ANY (flags)`, scan.FlagBalancePending)
