@@ -8,8 +8,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/jmoiron/sqlx"
-
 	"github.com/paywatch/paywatch/chains/scan"
 	"github.com/paywatch/paywatch/migrations/pgtest"
 )
@@ -96,15 +94,8 @@ func TestAPIReadsOutliveDeadConnections(t *testing.T) {
 // told "not ready" because it dropped an idle connection.
 func TestReadinessReadsOutliveDeadConnections(t *testing.T) {
 	_, dbURL := pgtest.NewWithURL(t)
-	p, viaProxy := pgtest.NewProxy(t, dbURL)
-	db, err := sqlx.Open("postgres", viaProxy)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
 	const pooled = 3
-	db.SetMaxIdleConns(pooled)
-	db.SetMaxOpenConns(pooled)
+	p, db := pgtest.ProxiedPool(t, dbURL, pooled)
 	for round := range 3 {
 		pgtest.FillPool(t, db, pooled)
 		p.Reset()

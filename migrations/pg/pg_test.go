@@ -29,20 +29,13 @@ import (
 func TestTxBeginsAgainAfterItsConnectionDied(t *testing.T) {
 	ctx := t.Context()
 	dbURL := pgtest.NewURL(t)
-	p, viaProxy := pgtest.NewProxy(t, dbURL)
-	db, err := sqlx.Open("postgres", viaProxy)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
+	const pooled = 4
+	p, db := pgtest.ProxiedPool(t, dbURL, pooled)
 	admin, err := sqlx.Open("postgres", dbURL)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer admin.Close()
-	const pooled = 4
-	db.SetMaxIdleConns(pooled)
-	db.SetMaxOpenConns(pooled)
 	kills := map[string]func() error{
 		"the server ends the sessions": func() error {
 			_, err := admin.ExecContext(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
@@ -107,15 +100,8 @@ func TestReadTriesAgainOnlyWhenTheConnectionDied(t *testing.T) {
 // one new connection: the dead idle ones are tried, then one new one.
 func TestReadsOpenOneConnectionEachWhenEveryConnectionResets(t *testing.T) {
 	ctx := t.Context()
-	p, viaProxy := pgtest.NewProxy(t, pgtest.NewURL(t))
-	db, err := sqlx.Open("postgres", viaProxy)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
 	const pooled, readers = 20, 40
-	db.SetMaxIdleConns(pooled)
-	db.SetMaxOpenConns(pooled)
+	p, db := pgtest.ProxiedPool(t, pgtest.NewURL(t), pooled)
 	pgtest.FillPool(t, db, pooled)
 	p.Break()
 	before := p.Accepted()
@@ -149,15 +135,8 @@ func TestReadsOpenOneConnectionEachWhenEveryConnectionResets(t *testing.T) {
 // daemon counts and logs it, so that connections dying under reads (which
 // the callers never see) show.
 func TestReadTellsItsTraceOfEachReadRunAgain(t *testing.T) {
-	p, viaProxy := pgtest.NewProxy(t, pgtest.NewURL(t))
-	db, err := sqlx.Open("postgres", viaProxy)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
 	const pooled = 3
-	db.SetMaxIdleConns(pooled)
-	db.SetMaxOpenConns(pooled)
+	p, db := pgtest.ProxiedPool(t, pgtest.NewURL(t), pooled)
 	var why []error
 	ctx := pg.WithTrace(t.Context(), &pg.Trace{Retried: func(err error) { why = append(why, err) }})
 	read := func(ctx context.Context) error {

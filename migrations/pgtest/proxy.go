@@ -5,6 +5,8 @@ import (
 	"net/url"
 	"sync/atomic"
 	"testing"
+
+	"github.com/jmoiron/sqlx"
 )
 
 // Proxy forwards TCP to a PostgreSQL server and misbehaves on demand, as
@@ -101,3 +103,19 @@ func (p *Proxy) Break() { p.broken.Store(true) }
 
 // Accepted is how many connections the proxy has accepted.
 func (p *Proxy) Accepted() int64 { return p.accepted.Load() }
+
+// ProxiedPool returns a Proxy in front of the server of dbURL, and a pool
+// of up to pooled connections to dbURL's database made through it (all of
+// which it keeps when idle). Both end with t.
+func ProxiedPool(t testing.TB, dbURL string, pooled int) (*Proxy, *sqlx.DB) {
+	t.Helper()
+	p, viaProxy := NewProxy(t, dbURL)
+	db, err := sqlx.Open("postgres", viaProxy)
+	if err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	t.Cleanup(func() { db.Close() })
+	db.SetMaxIdleConns(pooled)
+	db.SetMaxOpenConns(pooled)
+	return p, db
+}

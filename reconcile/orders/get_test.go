@@ -5,8 +5,6 @@ import (
 	"reflect"
 	"testing"
 
-	"github.com/jmoiron/sqlx"
-
 	"github.com/paywatch/paywatch"
 	"github.com/paywatch/paywatch/migrations/pgtest"
 	"github.com/paywatch/paywatch/reconcile/orders"
@@ -136,15 +134,8 @@ func TestGetReadsEveryFieldAsListDoes(t *testing.T) {
 func TestOrderReadsRunAgainAfterTheirConnectionDied(t *testing.T) {
 	ctx := context.Background()
 	_, dbURL := pgtest.NewWithURL(t)
-	p, viaProxy := pgtest.NewProxy(t, dbURL)
-	db, err := sqlx.Open("postgres", viaProxy)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
 	const pooled = 4
-	db.SetMaxIdleConns(pooled)
-	db.SetMaxOpenConns(pooled)
+	p, db := pgtest.ProxiedPool(t, dbURL, pooled)
 	s, _ := newStore(t, db)
 	o, _, err := s.Create(ctx, req("poll-1", usdt, 5_000_000))
 	if err != nil {

@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jmoiron/sqlx"
-
 	"github.com/paywatch/paywatch/migrations/pgtest"
 	"github.com/paywatch/paywatch/reconcile/reconciletest"
 )
@@ -18,15 +16,8 @@ import (
 func TestReplayLooksUpAgainAfterItsConnectionDied(t *testing.T) {
 	ctx := context.Background()
 	_, dbURL := pgtest.NewWithURL(t)
-	p, viaProxy := pgtest.NewProxy(t, dbURL)
-	db, err := sqlx.Open("postgres", viaProxy)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
 	const pooled = 3
-	db.SetMaxIdleConns(pooled)
-	db.SetMaxOpenConns(pooled)
+	p, db := pgtest.ProxiedPool(t, dbURL, pooled)
 	fx := reconciletest.NewFixtures()
 	s := NewStore(db, 24*time.Hour, reconciletest.Wallets(t))
 	for _, req := range []CreateRequest{

@@ -11,8 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jmoiron/sqlx"
-
 	"github.com/paywatch/paywatch/migrations/pgtest"
 )
 
@@ -50,23 +48,15 @@ func TestDatabaseGaugesReadAtMostEvery10s(t *testing.T) {
 	if cacheFor != 10*time.Second {
 		t.Fatalf("the gauges are cached for %s, README says 10 s", cacheFor)
 	}
-	clock := &fakeClock{t: time.Now()}
-	m.state.now = clock.now
-	srv := httptest.NewServer(m.Handler())
-	defer srv.Close()
+	clock, scrape := scraped(t, m)
 	head := func() string {
 		t.Helper()
-		res, err := srv.Client().Get(srv.URL)
-		if err != nil {
-			t.Fatal(err)
+		body := scrape()
+		g := headGauge.FindStringSubmatch(body)
+		if g == nil {
+			t.Fatalf("/metrics without paywatch_network_head for eth:\n%s", body)
 		}
-		defer res.Body.Close()
-		body, _ := io.ReadAll(res.Body)
-		g := headGauge.FindSubmatch(body)
-		if res.StatusCode != 200 || g == nil {
-			t.Fatalf("/metrics answered %d without paywatch_network_head for eth:\n%s", res.StatusCode, body)
-		}
-		return string(g[1])
+		return g[1]
 	}
 	if got := head(); got != "100" {
 		t.Fatalf("first scrape: head %s, want 100", got)
@@ -102,28 +92,8 @@ func TestDatabaseGaugesReadAtMostEvery10s(t *testing.T) {
 // paywatch_database_up 1 with the gauges, and counts the retries.
 func TestGaugesOutliveDeadConnections(t *testing.T) {
 	_, dbURL := pgtest.NewWithURL(t)
-	p, viaProxy := pgtest.NewProxy(t, dbURL)
-	db, err := sqlx.Open("postgres", viaProxy)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	db.SetMaxIdleConns(3)
-	m := New(db, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	clock := &fakeClock{t: time.Now()}
-	m.state.now = clock.now
-	srv := httptest.NewServer(m.Handler())
-	defer srv.Close()
-	scrape := func() string {
-		t.Helper()
-		res, err := srv.Client().Get(srv.URL)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer res.Body.Close()
-		body, _ := io.ReadAll(res.Body)
-		return string(body)
-	}
+	p, db := pgtest.ProxiedPool(t, dbURL, 3)
+	clock, scrape := scraped(t, New(db, slog.New(slog.NewTextHandler(io.Discard, nil))))
 	for round := range 3 {
 		pgtest.FillPool(t, db, 3)
 		p.Reset()
@@ -141,5 +111,27 @@ func TestGaugesOutliveDeadConnections(t *testing.T) {
 		if got, _ := strconv.Atoi(n[1]); got <= round {
 			t.Fatalf("round %d: paywatch_database_reads_retried_total %v, want more than %d", round, n, round)
 		}
+	}
+}
+
+// scraped serves m's metrics with a clock the test moves, and returns the
+// clock and a scrape (failing the test unless it answers 200).
+func scraped(t *testing.T, m *Metrics) (*fakeClock, func() string) {
+	clock := &fakeClock{t: time.Now()}
+	m.state.now = clock.now
+	srv := httptest.NewServer(m.Handler())
+	t.Cleanup(srv.Close)
+	return clock, func() string {
+		t.Helper()
+		res, err := srv.Client().Get(srv.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		body, _ := io.ReadAll(res.Body)
+		if res.StatusCode != 200 {
+			t.Fatalf("/metrics answered %d:\n%s", res.StatusCode, body)
+		}
+		return string(body)
 	}
 }
