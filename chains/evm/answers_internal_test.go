@@ -198,6 +198,10 @@ func TestLookupTxTakesNoPartOfAMalformedReceipt(t *testing.T) {
 		"a null index":         two(transferLog(100, 0, txHash(1), `"logIndex":null`)),
 		"a log of block 99":    two(transferLog(99, 0, txHash(1))),
 		"a log without a hash": two(transferLog(100, 0, txHash(1), `"blockHash":"-"`)),
+		"another tx's log":     two(transferLog(100, 0, txHash(2))),
+		// Decoding stops at the bad field: the logs before it must not be
+		// taken as the whole receipt.
+		"an undecodable time": two(transferLog(100, 0, txHash(1), `"blockTimestamp":"0xzz"`)),
 	} {
 		liar := answeringNode(t, "[]", 100, bad)
 		if found, err := sourceOn(t, liar).LookupTx(ctx, txHash(1)); err == nil {
@@ -207,5 +211,16 @@ func TestLookupTxTakesNoPartOfAMalformedReceipt(t *testing.T) {
 		if err != nil || len(found) != 2 {
 			t.Errorf("%s, then an honest node: %d found (%v), want the honest node's 2", name, len(found), err)
 		}
+	}
+	// A refused receipt's fields do not stay in the next node's: its forged
+	// block time is not the honest block's.
+	forged := answeringNode(t, "[]", 100,
+		"["+transferLog(100, 0, txHash(1), `"blockTimestamp":"0x1"`)+","+transferLog(99, 1, txHash(1))+"]")
+	found, err := sourceOn(t, forged, honest).LookupTx(ctx, txHash(1))
+	if err != nil || len(found) != 2 {
+		t.Fatalf("a forged receipt, then an honest node: %d found (%v), want 2", len(found), err)
+	}
+	if want := time.Unix(1_690_000_100, 0).UTC(); !found[0].BlockTime.Equal(want) {
+		t.Errorf("block time %v, want the honest block's %v (not the refused node's)", found[0].BlockTime, want)
 	}
 }

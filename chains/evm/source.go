@@ -466,7 +466,15 @@ func (s *Source) scanNative(ctx context.Context, from, to uint64) ([]scan.Found,
 		for i := range blocks {
 			elems[i] = rpc.BatchElem{Method: "eth_getBlockByNumber", Args: []any{blockTag(from + uint64(i)), true}, Result: &blocks[i]}
 		}
-		return batch(ctx, e, elems)
+		if err := batch(ctx, e, elems); err != nil {
+			return err
+		}
+		for i, b := range blocks {
+			if b != nil && uint64(b.Number) != from+uint64(i) {
+				return fmt.Errorf("asked for block %d, the node answered block %d", from+uint64(i), uint64(b.Number))
+			}
+		}
+		return nil
 	})
 	if err != nil {
 		return nil, nil, fmt.Errorf("read blocks %d-%d: %w", from, to, err)
@@ -476,9 +484,6 @@ func (s *Source) scanNative(ctx context.Context, from, to uint64) ([]scan.Found,
 	for i, b := range blocks {
 		if b == nil {
 			return nil, nil, fmt.Errorf("block %d: %w", from+uint64(i), scan.ErrNoBlock)
-		}
-		if uint64(b.Number) != from+uint64(i) {
-			return nil, nil, fmt.Errorf("asked for block %d, the node answered block %d", from+uint64(i), uint64(b.Number))
 		}
 		refs = append(refs, scan.Block{Number: uint64(b.Number), Hash: b.Hash.Hex()})
 		for _, tx := range b.Transactions {
@@ -582,11 +587,13 @@ func (s *Source) LookupTx(ctx context.Context, hash string) ([]scan.Found, error
 		if logs, err = decodeLogs(receipt.Logs); err != nil {
 			return fmt.Errorf("eth_getTransactionReceipt: %w", err)
 		}
-		// A receipt's logs are of its block.
+		// A receipt's logs are its transaction's, in its block. (Only the
+		// block's number is held to the receipt's: some chains' clients
+		// give system transactions' logs another block hash.)
 		for _, l := range logs {
-			if l.BlockNumber != uint64(receipt.BlockNumber) || l.BlockHash != receipt.BlockHash {
-				return fmt.Errorf("eth_getTransactionReceipt: a log of block %d (%s) in a receipt of block %d (%s)",
-					l.BlockNumber, l.BlockHash.Hex(), uint64(receipt.BlockNumber), receipt.BlockHash.Hex())
+			if l.BlockNumber != uint64(receipt.BlockNumber) || !strings.EqualFold(l.TxHash.Hex(), hash) {
+				return fmt.Errorf("eth_getTransactionReceipt of %s in block %d: a log of %s in block %d", hash,
+					uint64(receipt.BlockNumber), l.TxHash.Hex(), l.BlockNumber)
 			}
 		}
 		return e.rpc.CallContext(ctx, &block, "eth_getBlockByHash", receipt.BlockHash, false)

@@ -44,7 +44,7 @@ func New(db *sqlx.DB, log *slog.Logger) *Metrics {
 	m := &Metrics{reg: prometheus.NewRegistry(), state: &state{db: db, log: log, backlog: outbox.NewStore(db), now: time.Now}}
 	m.state.trace = &pg.Trace{Retried: func(err error) {
 		m.readsRetried.Inc()
-		log.Warn("a database connection had died; the read runs again on another", "err", err) // or the BEGIN
+		log.Warn("a database connection had died; the read runs again on another", "err", err)
 	}}
 	m.scanBatch = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "paywatch_scan_batch_seconds",
 		Help:    "Time to read and commit one batch of blocks.",
