@@ -19,7 +19,7 @@ var files embed.FS
 // and from several processes at once: goose serialises them with a
 // PostgreSQL advisory lock. It returns the versions it applied.
 func Up(ctx context.Context, db *sql.DB) ([]int64, error) {
-	p, err := provider(db)
+	p, err := provider(db, true)
 	if err != nil {
 		return nil, err
 	}
@@ -37,7 +37,7 @@ func Up(ctx context.Context, db *sql.DB) ([]int64, error) {
 // UpTo applies the pending migrations up to version and no further: an
 // upgrade over a database that already holds data is tested with it.
 func UpTo(ctx context.Context, db *sql.DB, version int64) error {
-	p, err := provider(db)
+	p, err := provider(db, true)
 	if err != nil {
 		return err
 	}
@@ -48,9 +48,10 @@ func UpTo(ctx context.Context, db *sql.DB, version int64) error {
 }
 
 // Version returns the schema version of db and the newest version this
-// binary knows.
+// binary knows. It reads without the migration lock: /readyz asks it, and
+// a daemon whose schema is current stays ready while another one migrates.
 func Version(ctx context.Context, db *sql.DB) (current, latest int64, err error) {
-	p, err := provider(db)
+	p, err := provider(db, false)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -65,15 +66,20 @@ func Version(ctx context.Context, db *sql.DB) (current, latest int64, err error)
 	return current, latest, nil
 }
 
-func provider(db *sql.DB) (*goose.Provider, error) {
-	// Poll the lock every second for up to five minutes: a daemon starting
-	// beside another that is migrating waits for it.
-	locker, err := lock.NewPostgresSessionLocker(lock.WithLockTimeout(1, 300))
-	if err != nil {
-		return nil, fmt.Errorf("migration lock: %w", err)
+// provider is goose over db with paywatch's migrations; locked, with the
+// migration lock taken around what it does.
+func provider(db *sql.DB, locked bool) (*goose.Provider, error) {
+	opts := []goose.ProviderOption{goose.WithDisableGlobalRegistry(true)}
+	if locked {
+		// Poll the lock every second for up to five minutes: a daemon
+		// starting beside another that is migrating waits for it.
+		locker, err := lock.NewPostgresSessionLocker(lock.WithLockTimeout(1, 300))
+		if err != nil {
+			return nil, fmt.Errorf("migration lock: %w", err)
+		}
+		opts = append(opts, goose.WithSessionLocker(locker))
 	}
-	p, err := goose.NewProvider(goose.DialectPostgres, db, files,
-		goose.WithSessionLocker(locker), goose.WithDisableGlobalRegistry(true))
+	p, err := goose.NewProvider(goose.DialectPostgres, db, files, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("load migrations: %w", err)
 	}

@@ -7,6 +7,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/pressly/goose/v3/lock"
 
 	"github.com/paywatch/paywatch/migrations"
 	"github.com/paywatch/paywatch/migrations/pgtest"
@@ -174,4 +177,31 @@ func migratedTo(t *testing.T, version int64) *sql.DB {
 		t.Fatal(err)
 	}
 	return db
+}
+
+// The schema's version (what /readyz checks) is read without the migration
+// lock: while another process holds it (a new release migrating), a daemon
+// asking at once is answered at once.
+func TestVersionIsReadWhileAnotherProcessMigrates(t *testing.T) {
+	db := pgtest.New(t)
+	ctx := context.Background()
+	holder, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+	var took bool
+	if err := holder.QueryRowContext(ctx, `SELECT pg_try_advisory_lock($1)`, lock.DefaultLockID).Scan(&took); err != nil || !took {
+		t.Fatalf("take the migration lock: %v %v", took, err)
+	}
+	start := time.Now()
+	versionCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	current, latest, err := migrations.Version(versionCtx, db.DB)
+	if err != nil || current != latest || current == 0 {
+		t.Fatalf("version while the lock is held: %d of %d (%v)", current, latest, err)
+	}
+	if took := time.Since(start); took > 500*time.Millisecond {
+		t.Fatalf("the version took %s to read while the lock was held", took)
+	}
 }
