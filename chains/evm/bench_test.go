@@ -359,6 +359,7 @@ func benchmarkScan(b *testing.B, sb *scanBench, url string) {
 					b.Fatal("timed out waiting for the scanner to reach the head")
 				}
 				b.StopTimer()
+				took := time.Since(start)
 				// What the batches reported is where the cursor stands (a
 				// block committed twice would have stopped the clock early).
 				var cursor int64
@@ -366,8 +367,8 @@ func benchmarkScan(b *testing.B, sb *scanBench, url string) {
 					stop()
 					b.Fatalf("the scanner reported the head reached with the cursor at %d (%v), want %d", cursor, err, sb.To)
 				}
-				scanned += time.Since(start)
-				paired = append(paired, bareTook.Seconds()/time.Since(start).Seconds())
+				scanned += took
+				paired = append(paired, bareTook.Seconds()/took.Seconds())
 				waitUntil(b, clock, `SELECT count(*) = 0 FROM transfers WHERE $1 = ANY (flags)`, scan.FlagBalancePending)
 				clock.Close()
 				verified += time.Since(start)
