@@ -40,6 +40,10 @@ type Store struct {
 	// Sealer writes webhook bodies in the transactions that enqueue them.
 	Sealer *Sealer
 
+	// creating admits creations to the database in the order they came
+	// (NewStore): see insert.
+	creating chan struct{}
+
 	stmtMu  sync.Mutex
 	getStmt *sqlx.Stmt
 	// headStmt reads an order without its transfers (Get).
@@ -63,7 +67,8 @@ func (s *Store) rand(n int) (int, error) {
 
 // NewStore returns a Store over db.
 func NewStore(db *sqlx.DB, monitoringWindow time.Duration, addresses AddressBook) *Store {
-	return &Store{db: db, Now: time.Now, MonitoringWindow: monitoringWindow, Addresses: addresses, entropy: rand.Reader}
+	return &Store{db: db, Now: time.Now, MonitoringWindow: monitoringWindow, Addresses: addresses, entropy: rand.Reader,
+		creating: make(chan struct{}, maxCreating)}
 }
 
 // now returns the clock's time in the precision PostgreSQL keeps.

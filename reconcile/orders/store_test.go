@@ -511,3 +511,165 @@ func TestConcurrentCreatesOverSeveralAddresses(t *testing.T) {
 		t.Fatalf("orders per address %+v, want %d over 4 addresses", rows, n)
 	}
 }
+
+// Creations on one shared address run side by side: one that is slow
+// inside its transaction (here a trigger makes its timeline write sleep)
+// holds back no other creation of the same amount on the same address,
+// and the two get different pay amounts.
+func TestCreationsOnOneAddressDoNotWaitForEachOther(t *testing.T) {
+	db := pgtest.New(t)
+	s, _ := newStore(t, db)
+	if _, err := db.Exec(`CREATE FUNCTION slow_creation() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF (SELECT external_id FROM orders WHERE id = NEW.order_id) = 'slow' THEN PERFORM pg_sleep(2); END IF;
+			RETURN NEW;
+		END $$;
+		CREATE TRIGGER slow_creation BEFORE INSERT ON order_events FOR EACH ROW EXECUTE FUNCTION slow_creation()`); err != nil {
+		t.Fatal(err)
+	}
+	slow := make(chan *paywatch.Order, 1)
+	go func() {
+		o, _, err := s.Create(context.Background(), req("slow", usdt, 9_000_000))
+		if err != nil {
+			t.Error(err)
+		}
+		slow <- o
+	}()
+	// Until the slow creation holds its slot (its lock is taken).
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		var n int
+		if err := db.Get(&n, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted`); err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the slow creation never took its slot")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	start := time.Now()
+	fast, _, err := s.Create(context.Background(), req("fast", usdt, 9_000_000))
+	took := time.Since(start)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if took > time.Second {
+		t.Fatalf("a creation on the same address waited %v for one in flight", took)
+	}
+	o := <-slow
+	if o == nil {
+		t.Fatal("the slow creation failed")
+	}
+	if o.PayAddress != fast.PayAddress || o.PayAmount.Cmp(fast.PayAmount) == 0 {
+		t.Fatalf("slow pays %s at %s, fast pays %s at %s: want one address, two amounts",
+			o.PayAmount, o.PayAddress, fast.PayAmount, fast.PayAddress)
+	}
+	// The smallest free slot was the slow one's; the fast one took the next.
+	if o.PayAmount.Int64() != 9_000_000 || fast.PayAmount.Int64() != 9_000_001 {
+		t.Fatalf("pay amounts %s and %s, want 9000000 (slow) and 9000001 (fast)", o.PayAmount, fast.PayAmount)
+	}
+}
+
+// A slot whose lock a creation in flight holds is never handed out again:
+// with one slot held and the other's lock held elsewhere, a creation
+// answers no_unique_amount at once and writes nothing.
+func TestASlotBeingTakenIsNotHandedOut(t *testing.T) {
+	db := pgtest.New(t)
+	s, _ := newStore(t, db)
+	ctx := context.Background()
+	two := *usdt
+	two.UniqueSlots = 2
+	if _, _, err := s.Create(ctx, req("held", &two, 10)); err != nil { // k = 0
+		t.Fatal(err)
+	}
+	// Another session takes slot k = 1's lock, as a creation does.
+	conn, err := db.Connx(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	tx, err := conn.BeginTxx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	key := "paywatch:slot:" + two.Network + ":" + two.Symbol + ":" + two.Addresses[0] + ":11"
+	if _, err := tx.Exec(`SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, key); err != nil {
+		t.Fatal(err)
+	}
+	before := [3]int{count(t, db, "orders"), count(t, db, "order_events"), count(t, db, "amount_slots")}
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if _, _, err := s.Create(wctx, req("next", &two, 10)); paywatch.ErrorCode(err) != paywatch.CodeNoUniqueAmount {
+		t.Fatalf("err = %v, want no_unique_amount", err)
+	}
+	if after := [3]int{count(t, db, "orders"), count(t, db, "order_events"), count(t, db, "amount_slots")}; after != before {
+		t.Fatalf("rows before %v, after %v", before, after)
+	}
+	// Once the lock is let go without the slot taken, it is free again.
+	if err := tx.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	o, _, err := s.Create(ctx, req("next", &two, 10))
+	if err != nil || o.PayAmount.Int64() != 11 {
+		t.Fatalf("after the lock was let go: %+v %v, want pay amount 11", o, err)
+	}
+}
+
+// Many creations at once on one address, with real random draws over few
+// slots and expired slots taken over: no (address, pay amount) is ever
+// held by two orders, every creation either gets a slot or answers
+// no_unique_amount, and those that got one hold it.
+func TestConcurrentCreatesNeverShareASlot(t *testing.T) {
+	db := pgtest.New(t)
+	s, clk := newStore(t, db)
+	s.Rand = nil
+	few := *usdt
+	few.UniqueSlots = 40
+	ctx := context.Background()
+	// 20 slots held by orders whose monitoring ended: free to take over.
+	for i := range 20 {
+		if _, _, err := s.Create(ctx, req(fmt.Sprint("old-", i), &few, 5_000)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clk.Advance(48 * time.Hour)
+	const n = 60
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	got, refused := 0, 0
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, _, err := s.Create(ctx, req(fmt.Sprint("new-", i), &few, 5_000))
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil:
+				got++
+			case paywatch.ErrorCode(err) == paywatch.CodeNoUniqueAmount:
+				refused++
+			default:
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	if got != few.UniqueSlots || refused != n-few.UniqueSlots {
+		t.Fatalf("%d got a slot and %d were refused, want %d and %d", got, refused, few.UniqueSlots, n-few.UniqueSlots)
+	}
+	var dup int
+	if err := db.Get(&dup, `SELECT count(*) FROM (SELECT pay_address, pay_amount FROM orders
+		WHERE external_id LIKE 'new-%' GROUP BY 1, 2 HAVING count(*) > 1) d`); err != nil || dup != 0 {
+		t.Fatalf("%d pay amounts handed to two new orders (%v)", dup, err)
+	}
+	var unheld int
+	if err := db.Get(&unheld, `SELECT count(*) FROM orders o WHERE external_id LIKE 'new-%' AND NOT EXISTS (
+		SELECT 1 FROM amount_slots s WHERE s.order_id = o.id AND s.address = o.pay_address AND s.pay_amount = o.pay_amount)`); err != nil || unheld != 0 {
+		t.Fatalf("%d new orders do not hold their slot (%v)", unheld, err)
+	}
+}
