@@ -90,6 +90,10 @@ CREATE TRIGGER ledger_postings_append_only BEFORE UPDATE OR DELETE ON ledger_pos
     FOR EACH ROW EXECUTE FUNCTION ledger_append_only();
 
 -- +goose Down
+DROP INDEX transfers_unmatched_recent_idx;
+DROP INDEX transfers_orphaned_idx;
+DROP INDEX orders_per_order_address_idx;
+DROP INDEX orders_open_idx;
 DROP TABLE ledger_postings;
 DROP TABLE ledger_entries;
 DROP FUNCTION ledger_append_only();
