@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"math/big"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -148,8 +149,13 @@ func (s *Store) insert(ctx context.Context, req *CreateRequest, hash []byte) (st
 	}
 	for attempt := 1; ; attempt++ {
 		id, err := s.insertOnce(ctx, req, hash)
-		if !errors.Is(err, errSlotTaken) || attempt == maxSlotAttempts {
+		if !errors.Is(err, errSlotTaken) {
 			return id, err
+		}
+		if attempt == maxSlotAttempts {
+			return "", paywatch.Errorf(paywatch.CodeNoUniqueAmount,
+				"the pay amounts drawn for %s %s on %s were taken by creations at the same moment, %d times; try again",
+				req.Asset.FormatAmount(req.Amount), req.Asset.Symbol, req.Asset.Network, maxSlotAttempts)
 		}
 	}
 }
@@ -179,6 +185,9 @@ func (s *Store) insertOnce(ctx context.Context, req *CreateRequest, hash []byte)
 		}
 		if req.IdempotencyKey == "" {
 			o.IdempotencyScope = nil
+		}
+		if err := lockIdentity(ctx, tx, req); err != nil {
+			return err
 		}
 		var slot *slotChoice
 		switch a.Mode {
@@ -266,6 +275,47 @@ func nullString(s string) *string {
 	return &s
 }
 
+// lockIdentity takes, inside tx and waiting for them, the locks of the
+// request's identity: its external_id and Idempotency-Key. A replay sent
+// while its original is still in its transaction waits for it here, then
+// finds it (Create's replay), holding nothing meanwhile: it never takes a
+// slot the original's commit would show held, nor holds one another
+// creation wants. Orders of different identities never wait for each
+// other here.
+//
+// On a shared address it also takes the address's lock in shared mode:
+// creations of this release hold it together, while a daemon still
+// running a release that locked the whole address, exclusively, for each
+// creation (as before slots had locks of their own) takes turns with them.
+// The locks are taken in one order (external_id, Idempotency-Key, the
+// addresses as configured), with nothing else held: no deadlock.
+func lockIdentity(ctx context.Context, tx *sqlx.Tx, req *CreateRequest) error {
+	calls := []string{"pg_advisory_xact_lock(hashtextextended($1, 0))"}
+	args := []any{"paywatch:order:external_id:" + req.ExternalID}
+	if req.IdempotencyKey != "" {
+		args = append(args, fmt.Sprintf("paywatch:order:idempotency:%d:%s:%s",
+			len(req.IdempotencyScope), req.IdempotencyScope, req.IdempotencyKey))
+		calls = append(calls, fmt.Sprintf("pg_advisory_xact_lock(hashtextextended($%d, 0))", len(args)))
+	}
+	if a := req.Asset; a.Mode == paywatch.ModeShared {
+		for _, addr := range a.Addresses {
+			args = append(args, addressLockKey(a, addr))
+			calls = append(calls, fmt.Sprintf("pg_advisory_xact_lock_shared(hashtextextended($%d, 0))", len(args)))
+		}
+	}
+	// A target list is evaluated in its order.
+	if _, err := tx.ExecContext(ctx, "SELECT "+strings.Join(calls, ", "), args...); err != nil {
+		return fmt.Errorf("lock the order's identity: %w", err)
+	}
+	return nil
+}
+
+// addressLockKey names the lock of a shared address: held in shared mode
+// by each creation on it (lockIdentity).
+func addressLockKey(a *paywatch.Asset, addr string) string {
+	return "paywatch:slot:" + a.Network + ":" + a.Symbol + ":" + addr
+}
+
 type slotChoice struct {
 	address   string
 	k         int
@@ -349,7 +399,7 @@ func lockFreeSlot(ctx context.Context, tx *sqlx.Tx, a *paywatch.Asset, addr stri
 			taken[int(k.Int64())] = true
 		}
 	}
-	key := "paywatch:slot:" + a.Network + ":" + a.Symbol + ":" + addr + ":"
+	key := addressLockKey(a, addr) + ":"
 	for {
 		ks, err := drawFree(a.UniqueSlots, taken, slotCandidates, draw)
 		if err != nil || len(ks) == 0 {
@@ -360,14 +410,20 @@ func lockFreeSlot(ctx context.Context, tx *sqlx.Tx, a *paywatch.Asset, addr stri
 			pay := new(big.Int).Mul(big.NewInt(int64(k)), a.UniqueStep)
 			pays[i] = pay.Add(pay, amount).String()
 		}
-		// The first candidate whose lock is free and that no one holds. A
+		// The first candidate, in the order drawn, that no one holds and
+		// whose lock is free, taking that lock and no other: the look-up
+		// of the held ones comes first, ordered and fenced (OFFSET 0), so
+		// that whatever plan the look-up gets, the locks are tried one
+		// candidate at a time, in the order drawn, until one is taken. A
 		// holder that committed after this statement's snapshot is caught
 		// by holdSlot.
 		var n []int64
-		if err := tx.SelectContext(ctx, &n, `SELECT c.n FROM unnest($4::text[]) WITH ORDINALITY AS c(pay, n)
+		if err := tx.SelectContext(ctx, &n, `SELECT c.n FROM (
+				SELECT u.pay, u.n FROM unnest($4::text[]) WITH ORDINALITY AS u(pay, n)
+				WHERE NOT EXISTS (SELECT 1 FROM amount_slots s WHERE s.network = $1 AND s.asset = $2 AND s.address = $3
+					AND s.pay_amount = u.pay::numeric AND s.held_until > $5)
+				ORDER BY u.n OFFSET 0) c
 			WHERE pg_try_advisory_xact_lock(hashtextextended($6 || c.pay, 0))
-				AND NOT EXISTS (SELECT 1 FROM amount_slots s WHERE s.network = $1 AND s.asset = $2 AND s.address = $3
-					AND s.pay_amount = c.pay::numeric AND s.held_until > $5)
 			LIMIT 1`, a.Network, a.Symbol, addr, pq.Array(pays), now, key); err != nil {
 			return 0, fmt.Errorf("lock an amount slot: %w", err)
 		}
@@ -382,14 +438,17 @@ func lockFreeSlot(ctx context.Context, tx *sqlx.Tx, a *paywatch.Asset, addr stri
 
 // drawFree draws up to c distinct ks in [0, slots) outside taken, each
 // uniformly among those left (draw returns an int in [0, n)), in the order
-// drawn, in one pass over the slots.
+// drawn. It costs the sort of taken, not a walk over the slots (which may
+// be a million).
 func drawFree(slots int, taken map[int]bool, c int, draw func(n int) (int, error)) ([]int, error) {
-	free := slots
+	held := make([]int, 0, len(taken))
 	for k := range taken {
 		if k >= 0 && k < slots {
-			free--
+			held = append(held, k)
 		}
 	}
+	slices.Sort(held)
+	free := slots - len(held)
 	// The j-th draw is a rank among the free ks not drawn yet; as a rank
 	// among all the free ks, it is moved past each earlier draw at or
 	// below it.
@@ -410,20 +469,21 @@ func drawFree(slots int, taken map[int]bool, c int, draw func(n int) (int, error
 		i, _ := slices.BinarySearch(sorted, r)
 		sorted = slices.Insert(sorted, i, r)
 	}
-	at := make(map[int]int, len(ranks)) // rank among the free → k
-	rank := 0
-	for k := 0; k < slots && len(at) < len(ranks); k++ {
-		if taken[k] {
-			continue
+	// The free k of rank r is r moved past each held k at or below it;
+	// the ranks in ascending order walk held once.
+	at := make(map[int]int, len(ranks))
+	i := 0
+	for _, r := range sorted {
+		k := r + i
+		for i < len(held) && held[i] <= k {
+			i++
+			k++
 		}
-		if _, ok := slices.BinarySearch(sorted, rank); ok {
-			at[rank] = k
-		}
-		rank++
+		at[r] = k
 	}
 	ks := make([]int, len(ranks))
-	for i, r := range ranks {
-		ks[i] = at[r]
+	for j, r := range ranks {
+		ks[j] = at[r]
 	}
 	return ks, nil
 }

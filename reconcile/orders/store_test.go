@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jmoiron/sqlx"
+	"github.com/lib/pq"
 
 	"github.com/paywatch/paywatch"
 	"github.com/paywatch/paywatch/migrations/pgtest"
@@ -519,14 +520,7 @@ func TestConcurrentCreatesOverSeveralAddresses(t *testing.T) {
 func TestCreationsOnOneAddressDoNotWaitForEachOther(t *testing.T) {
 	db := pgtest.New(t)
 	s, _ := newStore(t, db)
-	if _, err := db.Exec(`CREATE FUNCTION slow_creation() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN
-			IF (SELECT external_id FROM orders WHERE id = NEW.order_id) = 'slow' THEN PERFORM pg_sleep(2); END IF;
-			RETURN NEW;
-		END $$;
-		CREATE TRIGGER slow_creation BEFORE INSERT ON order_events FOR EACH ROW EXECUTE FUNCTION slow_creation()`); err != nil {
-		t.Fatal(err)
-	}
+	slowCreations(t, db, "slow", 2)
 	slow := make(chan *paywatch.Order, 1)
 	go func() {
 		o, _, err := s.Create(context.Background(), req("slow", usdt, 9_000_000))
@@ -535,21 +529,7 @@ func TestCreationsOnOneAddressDoNotWaitForEachOther(t *testing.T) {
 		}
 		slow <- o
 	}()
-	// Until the slow creation holds its slot (its lock is taken).
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		var n int
-		if err := db.Get(&n, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted`); err != nil {
-			t.Fatal(err)
-		}
-		if n > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the slow creation never took its slot")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitForSleep(t, db) // the slow creation holds its slot
 	start := time.Now()
 	fast, _, err := s.Create(context.Background(), req("fast", usdt, 9_000_000))
 	took := time.Since(start)
@@ -671,5 +651,171 @@ func TestConcurrentCreatesNeverShareASlot(t *testing.T) {
 	if err := db.Get(&unheld, `SELECT count(*) FROM orders o WHERE external_id LIKE 'new-%' AND NOT EXISTS (
 		SELECT 1 FROM amount_slots s WHERE s.order_id = o.id AND s.address = o.pay_address AND s.pay_amount = o.pay_amount)`); err != nil || unheld != 0 {
 		t.Fatalf("%d new orders do not hold their slot (%v)", unheld, err)
+	}
+}
+
+// waitForSleep waits (up to 5 s) until a session of db's database sleeps
+// in pg_sleep: a slow creation of these tests is in its transaction, its
+// slot taken.
+func waitForSleep(t *testing.T, db *sqlx.DB) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		var n int
+		if err := db.Get(&n, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event = 'PgSleep'`); err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the slow creation never reached its sleep")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// slowCreations makes the creations of orders whose external_id is LIKE
+// pattern sleep for secs inside their transactions, after they took their
+// slots.
+func slowCreations(t *testing.T, db *sqlx.DB, pattern string, secs float64) {
+	t.Helper()
+	if _, err := db.Exec(fmt.Sprintf(`CREATE FUNCTION slow_creation() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF (SELECT external_id FROM orders WHERE id = NEW.order_id) LIKE %s THEN PERFORM pg_sleep(%g); END IF;
+			RETURN NEW;
+		END $$;
+		CREATE TRIGGER slow_creation BEFORE INSERT ON order_events FOR EACH ROW EXECUTE FUNCTION slow_creation()`,
+		pq.QuoteLiteral(pattern), secs)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A replay sent while its original is still in its transaction waits for
+// it and answers the original, even when the original took the last slot:
+// it neither takes nor counts a slot of its own.
+func TestReplayOfAnOriginalInFlightOnTheLastSlot(t *testing.T) {
+	db := pgtest.New(t)
+	s, _ := newStore(t, db)
+	one := *usdt
+	one.UniqueSlots = 1
+	slowCreations(t, db, "slow%", 1)
+	original := make(chan *paywatch.Order, 1)
+	go func() {
+		o, _, err := s.Create(context.Background(), req("slow", &one, 10))
+		if err != nil {
+			t.Error(err)
+		}
+		original <- o
+	}()
+	waitForSleep(t, db)
+	o, created, err := s.Create(context.Background(), req("slow", &one, 10))
+	first := <-original
+	if err != nil || created || first == nil || o.ID != first.ID {
+		t.Fatalf("replay of an original in flight: %+v created=%v err=%v, want the original %+v", o, created, err, first)
+	}
+	// The same with a second slot free: the replay leaves it free.
+	two := *usdt
+	two.UniqueSlots = 2
+	go func() {
+		o, _, err := s.Create(context.Background(), req("slow-2", &two, 20))
+		if err != nil {
+			t.Error(err)
+		}
+		original <- o
+	}()
+	waitForSleep(t, db)
+	replayed := make(chan error, 1)
+	go func() {
+		_, _, err := s.Create(context.Background(), req("slow-2", &two, 20))
+		replayed <- err
+	}()
+	time.Sleep(200 * time.Millisecond) // the replay waits for its original
+	other, _, err := s.Create(context.Background(), req("other", &two, 20))
+	if err != nil {
+		t.Fatalf("a creation beside a replay in flight: %v", err)
+	}
+	if <-original == nil || <-replayed != nil {
+		t.Fatal("the original or its replay failed")
+	}
+	if other.PayAmount.Int64() != 21 {
+		t.Fatalf("the other order pays %s, want 21 (20 is the original's)", other.PayAmount)
+	}
+	// A retry by Idempotency-Key, on the last slot.
+	keyed := req("slow-3", &one, 30)
+	keyed.IdempotencyScope, keyed.IdempotencyKey = "shop", "key-3"
+	go func() {
+		o, _, err := s.Create(context.Background(), keyed)
+		if err != nil {
+			t.Error(err)
+		}
+		original <- o
+	}()
+	waitForSleep(t, db)
+	o, created, err = s.Create(context.Background(), keyed)
+	if first := <-original; err != nil || created || first == nil || o.ID != first.ID {
+		t.Fatalf("retry by Idempotency-Key of an original in flight: %+v created=%v err=%v, want %+v", o, created, err, first)
+	}
+}
+
+// A daemon of an earlier release locks a shared address exclusively for
+// each creation; creations of this release hold the address's lock in
+// shared mode, so the two take turns: neither writes a slot the other is
+// writing.
+func TestCreationsTakeTurnsWithAnEarlierReleasesLock(t *testing.T) {
+	db := pgtest.New(t)
+	s, clk := newStore(t, db)
+	ctx := context.Background()
+	key := "paywatch:slot:" + usdt.Network + ":" + usdt.Symbol + ":" + usdt.Addresses[0]
+	// The earlier release's creation, in flight: the address locked, the
+	// order and the slot written, not committed.
+	now := clk.Now()
+	old, err := db.BeginTxx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Rollback()
+	old.MustExec(`SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, key)
+	old.MustExec(`INSERT INTO orders (id, external_id, request_hash, network, asset, asset_contract, amount, pay_amount, pay_address,
+		unique_k, status, created_at, expires_at, monitor_until, updated_at, earliest_block_time)
+		VALUES ('ord_old', 'old', '\x00', $1, $2, $3, 10, 10, $4, 0, 'awaiting_payment', $5, $6, $6, $5, $5)`,
+		usdt.Network, usdt.Symbol, usdt.Contract, usdt.Addresses[0], now, now.Add(25*time.Hour))
+	old.MustExec(`INSERT INTO amount_slots VALUES ($1, $2, $3, 10, 'ord_old', $4)`, usdt.Network, usdt.Symbol, usdt.Addresses[0],
+		now.Add(25*time.Hour))
+	created := make(chan *paywatch.Order, 1)
+	go func() {
+		o, _, err := s.Create(ctx, req("new", usdt, 10))
+		if err != nil {
+			t.Error(err)
+		}
+		created <- o
+	}()
+	select {
+	case <-created:
+		t.Fatal("a creation went ahead while an earlier release's creation held the address")
+	case <-time.After(300 * time.Millisecond):
+	}
+	if err := old.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if o := <-created; o == nil || o.PayAmount.Int64() != 11 {
+		t.Fatalf("after the earlier release's commit: %+v, want pay amount 11", o)
+	}
+	// The other way round: while a creation of this release is in flight,
+	// the earlier release's lock is not to be had.
+	slowCreations(t, db, "slow", 1)
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := s.Create(ctx, req("slow", usdt, 10))
+		done <- err
+	}()
+	waitForSleep(t, db)
+	var got bool
+	if err := db.Get(&got, `SELECT pg_try_advisory_xact_lock(hashtextextended($1, 0))`, key); err != nil || got {
+		t.Fatalf("the earlier release's lock was to be had during a creation (%v)", err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
 	}
 }
