@@ -521,14 +521,7 @@ func TestCreationsOnOneAddressDoNotWaitForEachOther(t *testing.T) {
 	db := pgtest.New(t)
 	s, _ := newStore(t, db)
 	slowCreations(t, db, "slow", 2)
-	slow := make(chan *paywatch.Order, 1)
-	go func() {
-		o, _, err := s.Create(context.Background(), req("slow", usdt, 9_000_000))
-		if err != nil {
-			t.Error(err)
-		}
-		slow <- o
-	}()
+	slow := startCreate(t, s, req("slow", usdt, 9_000_000))
 	waitForSleep(t, db) // the slow creation holds its slot
 	start := time.Now()
 	fast, _, err := s.Create(context.Background(), req("fast", usdt, 9_000_000))
@@ -676,6 +669,20 @@ func waitForSleep(t *testing.T, db *sqlx.DB) {
 	}
 }
 
+// startCreate creates r in the background; the order (nil on failure,
+// which fails the test) comes on the channel.
+func startCreate(t *testing.T, s *orders.Store, r orders.CreateRequest) <-chan *paywatch.Order {
+	done := make(chan *paywatch.Order, 1)
+	go func() {
+		o, _, err := s.Create(context.Background(), r)
+		if err != nil {
+			t.Error(err)
+		}
+		done <- o
+	}()
+	return done
+}
+
 // slowCreations makes the creations of orders whose external_id is LIKE
 // pattern sleep for secs inside their transactions, after they took their
 // slots.
@@ -701,14 +708,7 @@ func TestReplayOfAnOriginalInFlightOnTheLastSlot(t *testing.T) {
 	one := *usdt
 	one.UniqueSlots = 1
 	slowCreations(t, db, "slow%", 1)
-	original := make(chan *paywatch.Order, 1)
-	go func() {
-		o, _, err := s.Create(context.Background(), req("slow", &one, 10))
-		if err != nil {
-			t.Error(err)
-		}
-		original <- o
-	}()
+	original := startCreate(t, s, req("slow", &one, 10))
 	waitForSleep(t, db)
 	o, created, err := s.Create(context.Background(), req("slow", &one, 10))
 	first := <-original
@@ -718,13 +718,7 @@ func TestReplayOfAnOriginalInFlightOnTheLastSlot(t *testing.T) {
 	// The same with a second slot free: the replay leaves it free.
 	two := *usdt
 	two.UniqueSlots = 2
-	go func() {
-		o, _, err := s.Create(context.Background(), req("slow-2", &two, 20))
-		if err != nil {
-			t.Error(err)
-		}
-		original <- o
-	}()
+	original = startCreate(t, s, req("slow-2", &two, 20))
 	waitForSleep(t, db)
 	replayed := make(chan error, 1)
 	go func() {
@@ -745,13 +739,7 @@ func TestReplayOfAnOriginalInFlightOnTheLastSlot(t *testing.T) {
 	// A retry by Idempotency-Key, on the last slot.
 	keyed := req("slow-3", &one, 30)
 	keyed.IdempotencyScope, keyed.IdempotencyKey = "shop", "key-3"
-	go func() {
-		o, _, err := s.Create(context.Background(), keyed)
-		if err != nil {
-			t.Error(err)
-		}
-		original <- o
-	}()
+	original = startCreate(t, s, keyed)
 	waitForSleep(t, db)
 	o, created, err = s.Create(context.Background(), keyed)
 	if first := <-original; err != nil || created || first == nil || o.ID != first.ID {
