@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"math/big"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -69,7 +68,7 @@ func (s *Store) Create(ctx context.Context, req CreateRequest) (order *paywatch.
 	// or Idempotency-Key (its transaction, slot included, rolls back), so a
 	// new order costs no look-up.
 	id, err := s.insert(ctx, &req, hash)
-	if c := pg.Constraint(err); c == "orders_external_id_key" || c == "orders_idempotency_key" {
+	if c := pg.Constraint(err); c == "orders_external_id_key" || c == "orders_idempotency_key" || errors.Is(err, errReplay) {
 		// An earlier (or concurrent) request with the same identity.
 		o, err := s.replay(ctx, &req, hash)
 		if o == nil && err == nil {
@@ -147,15 +146,25 @@ func (s *Store) insert(ctx context.Context, req *CreateRequest, hash []byte) (st
 			return "", ctx.Err()
 		}
 	}
-	for attempt := 1; ; attempt++ {
-		id, err := s.insertOnce(ctx, req, hash)
-		if !errors.Is(err, errSlotTaken) {
+	races, wait := 0, -1
+	for {
+		id, err := s.insertOnce(ctx, req, hash, wait)
+		switch {
+		case errors.Is(err, errSlotTaken):
+			if races++; races == maxSlotAttempts {
+				return "", paywatch.Errorf(paywatch.CodeNoUniqueAmount,
+					"the pay amounts drawn for %s %s on %s were taken by creations at the same moment, %d times; try again",
+					req.Asset.FormatAmount(req.Amount), req.Asset.Symbol, req.Asset.Network, maxSlotAttempts)
+			}
+		case errors.Is(err, errAddressesBusy):
+			// Each address with room was held by a daemon of an earlier
+			// release: wait for them one at a time, each in a transaction
+			// of its own that holds no other address.
+			if wait++; wait == len(req.Asset.Addresses) {
+				return "", noUniqueAmount(req.Asset, req.Amount)
+			}
+		default:
 			return id, err
-		}
-		if attempt == maxSlotAttempts {
-			return "", paywatch.Errorf(paywatch.CodeNoUniqueAmount,
-				"the pay amounts drawn for %s %s on %s were taken by creations at the same moment, %d times; try again",
-				req.Asset.FormatAmount(req.Amount), req.Asset.Symbol, req.Asset.Network, maxSlotAttempts)
 		}
 	}
 }
@@ -169,7 +178,10 @@ const maxCreating = 8
 // the same slot in the moment between two statements).
 const maxSlotAttempts = 5
 
-func (s *Store) insertOnce(ctx context.Context, req *CreateRequest, hash []byte) (string, error) {
+// insertOnce tries a creation in one transaction. On a shared address,
+// wait < 0 tries every address without waiting for any; wait >= 0 waits
+// for the wait-th address alone (chooseSlot).
+func (s *Store) insertOnce(ctx context.Context, req *CreateRequest, hash []byte, wait int) (string, error) {
 	id := paywatch.NewID("ord")
 	now := s.now()
 	expires := now.Add(req.ExpiresIn)
@@ -193,7 +205,7 @@ func (s *Store) insertOnce(ctx context.Context, req *CreateRequest, hash []byte)
 		switch a.Mode {
 		case paywatch.ModeShared:
 			var err error
-			if slot, err = s.chooseSlot(ctx, tx, a, req.Amount, now); err != nil {
+			if slot, err = s.chooseSlot(ctx, tx, req, now, wait); err != nil {
 				return err
 			}
 			o.PayAddress, o.PayAmount, o.UniqueK = slot.address, slot.payAmount.String(), &slot.k
@@ -276,44 +288,48 @@ func nullString(s string) *string {
 }
 
 // lockIdentity takes, inside tx and waiting for them, the locks of the
-// request's identity: its external_id and Idempotency-Key. A replay sent
-// while its original is still in its transaction waits for it here, then
-// finds it (Create's replay), holding nothing meanwhile: it never takes a
-// slot the original's commit would show held, nor holds one another
-// creation wants. Orders of different identities never wait for each
-// other here.
-//
-// On a shared address it also takes the address's lock in shared mode:
-// creations of this release hold it together, while a daemon still
-// running a release that locked the whole address, exclusively, for each
-// creation (as before slots had locks of their own) takes turns with them.
-// The locks are taken in one order (external_id, Idempotency-Key, the
-// addresses as configured), with nothing else held: no deadlock.
+// request's identity: its external_id, then its Idempotency-Key. A retry
+// sent while its original is still in its transaction waits for it here,
+// holding nothing else, then finds it (chooseSlot, or the unique
+// violation) and answers it. Creations of different identities never wait
+// for each other here; the two locks are always taken in this order.
 func lockIdentity(ctx context.Context, tx *sqlx.Tx, req *CreateRequest) error {
-	calls := []string{"pg_advisory_xact_lock(hashtextextended($1, 0))"}
-	args := []any{"paywatch:order:external_id:" + req.ExternalID}
+	idem := ""
 	if req.IdempotencyKey != "" {
-		args = append(args, fmt.Sprintf("paywatch:order:idempotency:%d:%s:%s",
-			len(req.IdempotencyScope), req.IdempotencyScope, req.IdempotencyKey))
-		calls = append(calls, fmt.Sprintf("pg_advisory_xact_lock(hashtextextended($%d, 0))", len(args)))
+		idem = fmt.Sprintf("paywatch:order:idempotency:%d:%s:%s", len(req.IdempotencyScope), req.IdempotencyScope, req.IdempotencyKey)
 	}
-	if a := req.Asset; a.Mode == paywatch.ModeShared {
-		for _, addr := range a.Addresses {
-			args = append(args, addressLockKey(a, addr))
-			calls = append(calls, fmt.Sprintf("pg_advisory_xact_lock_shared(hashtextextended($%d, 0))", len(args)))
-		}
-	}
-	// A target list is evaluated in its order.
-	if _, err := tx.ExecContext(ctx, "SELECT "+strings.Join(calls, ", "), args...); err != nil {
+	// CASE evaluates its conditions in order, and a volatile one is never
+	// folded away: the external_id's lock, then, once it is taken, the
+	// key's.
+	if _, err := tx.ExecContext(ctx, `SELECT CASE WHEN pg_advisory_xact_lock(hashtextextended($1, 0))::text IS NULL THEN NULL
+		WHEN $2 <> '' THEN pg_advisory_xact_lock(hashtextextended($2, 0))::text END`,
+		"paywatch:order:external_id:"+req.ExternalID, idem); err != nil {
 		return fmt.Errorf("lock the order's identity: %w", err)
 	}
 	return nil
 }
 
-// addressLockKey names the lock of a shared address: held in shared mode
-// by each creation on it (lockIdentity).
+// errReplay: an order with the request's identity exists; Create answers
+// it (replay).
+var errReplay = errors.New("an order with this identity exists")
+
+// errAddressesBusy: every address with room was held by a daemon of an
+// earlier release (addressLockKey); insert waits for them in turn.
+var errAddressesBusy = errors.New("every shared address is busy")
+
+// addressLockKey names the lock of a shared address. Each creation holds
+// it in shared mode on the addresses it visits; a daemon of an earlier
+// release held it exclusively for each creation, and so takes turns with
+// this one's (during a rolling upgrade, neither writes a slot the other is
+// writing, nor waits on the other's rows).
 func addressLockKey(a *paywatch.Asset, addr string) string {
 	return "paywatch:slot:" + a.Network + ":" + a.Symbol + ":" + addr
+}
+
+func noUniqueAmount(a *paywatch.Asset, amount *big.Int) error {
+	return paywatch.Errorf(paywatch.CodeNoUniqueAmount,
+		"all %d unique pay amounts for %s %s on %s are held by other orders; try again later or with another amount",
+		a.UniqueSlots, a.FormatAmount(amount), a.Symbol, a.Network)
 }
 
 type slotChoice struct {
@@ -339,32 +355,52 @@ var errSlotTaken = errors.New("the amount slot was taken by a creation committin
 // The lock is a transaction-scoped advisory lock per slot, taken without
 // waiting: two creations drawing the same slot at once never both write
 // it, the second takes another, and creations on one address run side by
-// side instead of one at a time. Nothing ever waits for a slot's lock:
-// creations cannot deadlock on them.
-func (s *Store) chooseSlot(ctx context.Context, tx *sqlx.Tx, a *paywatch.Asset, amount *big.Int, now time.Time) (*slotChoice, error) {
+// side instead of one at a time. Nothing ever waits for a slot's lock.
+//
+// Each address visited is also locked in shared mode (addressLockKey):
+// without waiting when wait < 0, an address held exclusively being passed
+// over as busy (errAddressesBusy when no other had room); waiting, for the
+// wait-th address alone, when wait >= 0, in a transaction that holds no
+// other address. No creation waits for an address while holding another:
+// none deadlocks with an earlier release's, whatever order each lists the
+// addresses in.
+func (s *Store) chooseSlot(ctx context.Context, tx *sqlx.Tx, req *CreateRequest, now time.Time, wait int) (*slotChoice, error) {
+	a, amount := req.Asset, req.Amount
 	addrs := a.Addresses
-	if len(addrs) > 1 {
+	switch {
+	case wait >= 0:
+		addrs = addrs[wait : wait+1]
+		if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock_shared(hashtextextended($1, 0))`,
+			addressLockKey(a, addrs[0])); err != nil {
+			return nil, fmt.Errorf("wait for address %s: %w", addrs[0], err)
+		}
+	case len(addrs) > 1:
 		start, err := s.rand(len(addrs))
 		if err != nil {
 			return nil, err
 		}
 		addrs = append(append([]string{}, addrs[start:]...), addrs[:start]...)
 	}
+	busy := 0
 	for _, addr := range addrs {
-		k, err := lockFreeSlot(ctx, tx, a, addr, amount, now, s.rand)
-		if err != nil {
+		k, err := lockFreeSlot(ctx, tx, req, addr, now, s.rand)
+		switch {
+		case errors.Is(err, errAddressesBusy):
+			busy++
+			continue
+		case err != nil:
 			return nil, err
-		}
-		if k < 0 {
+		case k < 0:
 			continue
 		}
 		pay := new(big.Int).Mul(big.NewInt(int64(k)), a.UniqueStep)
 		pay.Add(pay, amount)
 		return &slotChoice{address: addr, k: k, payAmount: pay}, nil
 	}
-	return nil, paywatch.Errorf(paywatch.CodeNoUniqueAmount,
-		"all %d unique pay amounts for %s %s on %s are held by other orders; try again later or with another amount",
-		a.UniqueSlots, a.FormatAmount(amount), a.Symbol, a.Network)
+	if busy > 0 || wait >= 0 {
+		return nil, errAddressesBusy
+	}
+	return nil, noUniqueAmount(a, amount)
 }
 
 // slotCandidates is how many free slots one statement of lockFreeSlot
@@ -378,16 +414,36 @@ const slotCandidates = 8
 // a creation in flight. It reads only the held slots inside the candidate
 // range (an index range scan), then tries drawn candidates, a few per
 // statement.
-func lockFreeSlot(ctx context.Context, tx *sqlx.Tx, a *paywatch.Asset, addr string, amount *big.Int, now time.Time,
+func lockFreeSlot(ctx context.Context, tx *sqlx.Tx, req *CreateRequest, addr string, now time.Time,
 	draw func(n int) (int, error)) (int, error) {
+	a, amount := req.Asset, req.Amount
 	last := new(big.Int).Mul(big.NewInt(int64(a.UniqueSlots-1)), a.UniqueStep)
 	last.Add(last, amount)
-	var held []string
-	if err := tx.SelectContext(ctx, &held, `SELECT pay_amount::text FROM amount_slots
-		WHERE network = $1 AND asset = $2 AND address = $3 AND pay_amount BETWEEN $4 AND $5 AND held_until > $6`,
-		a.Network, a.Symbol, addr, amount.String(), last.String(), now); err != nil {
+	// One statement: the address's lock in shared mode (without waiting),
+	// whether an order of the request's identity exists (a retry whose
+	// original committed, waited for by lockIdentity: it takes no slot),
+	// and the held slots.
+	var first struct {
+		Free   bool           `db:"free"`
+		Replay bool           `db:"replay"`
+		Held   pq.StringArray `db:"held"`
+	}
+	if err := tx.GetContext(ctx, &first, `SELECT pg_try_advisory_xact_lock_shared(hashtextextended($7, 0)) AS free,
+		EXISTS (SELECT 1 FROM orders WHERE external_id = $8)
+			OR EXISTS (SELECT 1 FROM orders WHERE idempotency_scope = $9 AND idempotency_key = $10) AS replay,
+		ARRAY(SELECT pay_amount::text FROM amount_slots
+			WHERE network = $1 AND asset = $2 AND address = $3 AND pay_amount BETWEEN $4 AND $5 AND held_until > $6) AS held`,
+		a.Network, a.Symbol, addr, amount.String(), last.String(), now, addressLockKey(a, addr),
+		req.ExternalID, req.IdempotencyScope, req.IdempotencyKey); err != nil {
 		return 0, fmt.Errorf("read held amount slots: %w", err)
 	}
+	switch {
+	case first.Replay:
+		return 0, errReplay
+	case !first.Free:
+		return 0, errAddressesBusy
+	}
+	held := first.Held
 	taken := make(map[int]bool, len(held))
 	for _, h := range held {
 		v, err := units(h, "held pay amount")

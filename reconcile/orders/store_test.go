@@ -792,7 +792,7 @@ func TestCreationsTakeTurnsWithAnEarlierReleasesLock(t *testing.T) {
 	}
 	// The other way round: while a creation of this release is in flight,
 	// the earlier release's lock is not to be had.
-	slowCreations(t, db, "slow", 1)
+	slowCreations(t, db, "slow%", 1)
 	done := make(chan error, 1)
 	go func() {
 		_, _, err := s.Create(ctx, req("slow", usdt, 10))
@@ -805,5 +805,95 @@ func TestCreationsTakeTurnsWithAnEarlierReleasesLock(t *testing.T) {
 	}
 	if err := <-done; err != nil {
 		t.Fatal(err)
+	}
+	// Two addresses, which the earlier release lists the other way round:
+	// it holds the second and waits for the first (a daemon of that
+	// release took each address in its configured order), while a
+	// creation of this release passes over the second, busy, and takes
+	// the first without waiting. Neither deadlocks.
+	two := *usdt
+	two.Addresses = []string{usdt.Addresses[0], "0x2222222222222222222222222222222222222222"}
+	keyOf := func(addr string) string { return "paywatch:slot:" + two.Network + ":" + two.Symbol + ":" + addr }
+	old2, err := db.BeginTxx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old2.Rollback()
+	old2.MustExec(`SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, keyOf(two.Addresses[1]))
+	s.Rand = func(n int) int { return n - 1 } // start at the second address
+	slow := startCreate(t, s, req("slow-two", &two, 10))
+	waitForSleep(t, db) // it holds the first address, shared
+	oldDone := make(chan error, 1)
+	go func() {
+		_, err := old2.Exec(`SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, keyOf(two.Addresses[0]))
+		oldDone <- err
+	}()
+	if o := <-slow; o == nil || o.PayAddress != two.Addresses[0] {
+		t.Fatalf("with the second address busy: %+v, want an order at the first", o)
+	}
+	if err := <-oldDone; err != nil {
+		t.Fatalf("the earlier release's creation: %v", err)
+	}
+}
+
+// However many shared addresses an asset lists, a creation locks only
+// those it visits: 2,000 addresses (more than a statement's target list
+// holds) create as one does.
+func TestCreationsOnManyAddresses(t *testing.T) {
+	db := pgtest.New(t)
+	s, _ := newStore(t, db)
+	many := *usdt
+	many.Addresses = make([]string, 2000)
+	for i := range many.Addresses {
+		many.Addresses[i] = fmt.Sprintf("0x%040x", i+1)
+	}
+	s.Rand = func(n int) int { return n - 1 }
+	o, _, err := s.Create(context.Background(), req("many", &many, 10))
+	if err != nil || o.PayAddress != many.Addresses[len(many.Addresses)-1] {
+		t.Fatalf("%+v %v", o, err)
+	}
+}
+
+// A slot committed by another creation between a creation's look-up and
+// its write (here a trigger writes it in the moment before) sends the
+// creation round again with a fresh draw; after five such races in a row
+// it answers no_unique_amount and has written nothing.
+func TestASlotTakenUnderACreationSendsItRoundAgain(t *testing.T) {
+	db := pgtest.New(t)
+	s, _ := newStore(t, db)
+	pgtest.Exec(t, db, `CREATE SEQUENCE races`)
+	pgtest.Exec(t, db, `CREATE FUNCTION take_first() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF pg_trigger_depth() = 1 THEN
+				PERFORM nextval('races');
+				INSERT INTO amount_slots (network, asset, address, pay_amount, order_id, held_until)
+				VALUES (NEW.network, NEW.asset, NEW.pay_address, NEW.pay_amount, NEW.id, 'infinity');
+			END IF;
+			RETURN NULL;
+		END $$`)
+	pgtest.Exec(t, db, `CREATE TRIGGER take_first AFTER INSERT ON orders FOR EACH ROW EXECUTE FUNCTION take_first()`)
+	_, _, err := s.Create(context.Background(), req("raced", usdt, 10))
+	if paywatch.ErrorCode(err) != paywatch.CodeNoUniqueAmount || !strings.Contains(err.Error(), "at the same moment, 5 times") {
+		t.Fatalf("err = %v, want no_unique_amount after five races", err)
+	}
+	var races int64
+	if err := db.Get(&races, `SELECT last_value FROM races`); err != nil || races != 5 {
+		t.Fatalf("%d races (%v), want 5", races, err)
+	}
+	if n := count(t, db, "orders") + count(t, db, "amount_slots") + count(t, db, "order_events"); n != 0 {
+		t.Fatalf("%d rows written", n)
+	}
+	// One race, then the slot is free: the second draw creates the order.
+	pgtest.Exec(t, db, `CREATE OR REPLACE FUNCTION take_first() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF pg_trigger_depth() = 1 AND nextval('races') = 6 THEN
+				INSERT INTO amount_slots (network, asset, address, pay_amount, order_id, held_until)
+				VALUES (NEW.network, NEW.asset, NEW.pay_address, NEW.pay_amount, NEW.id, 'infinity');
+			END IF;
+			RETURN NULL;
+		END $$`)
+	o, created, err := s.Create(context.Background(), req("raced", usdt, 10))
+	if err != nil || !created || o.PayAmount.Int64() != 10 {
+		t.Fatalf("after one race: %+v %v %v", o, created, err)
 	}
 }
