@@ -855,8 +855,8 @@ func TestCreationsOnManyAddresses(t *testing.T) {
 }
 
 // A slot committed by another creation between a creation's look-up and
-// its write (here a trigger writes it in the moment before) sends the
-// creation round again with a fresh draw; after five such races in a row
+// its write (here a trigger on orders writes it in the moment before)
+// sends the creation round again with a fresh draw; after five such races in a row
 // it answers no_unique_amount and has written nothing.
 func TestASlotTakenUnderACreationSendsItRoundAgain(t *testing.T) {
 	db := pgtest.New(t)
