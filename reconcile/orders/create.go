@@ -65,8 +65,9 @@ func (s *Store) Create(ctx context.Context, req CreateRequest) (order *paywatch.
 		return nil, false, err
 	}
 	// Insert first: a replay shows up as a unique violation on external_id
-	// or Idempotency-Key (its transaction, slot included, rolls back), so a
-	// new order costs no look-up.
+	// or Idempotency-Key, or on a shared address is found before a slot is
+	// drawn (errReplay, in a statement the creation runs anyway); its
+	// transaction rolls back. A new order costs no look-up of its own.
 	id, err := s.insert(ctx, &req, hash)
 	if c := pg.Constraint(err); c == "orders_external_id_key" || c == "orders_idempotency_key" || errors.Is(err, errReplay) {
 		// An earlier (or concurrent) request with the same identity.
@@ -146,9 +147,15 @@ func (s *Store) insert(ctx context.Context, req *CreateRequest, hash []byte) (st
 			return "", ctx.Err()
 		}
 	}
-	races, wait := 0, -1
-	for {
-		id, err := s.insertOnce(ctx, req, hash, wait)
+	races := 0
+	var busy []string // the addresses with room an earlier release held, to wait for in turn
+	for wait := -1; ; {
+		waitFor := ""
+		if wait >= 0 {
+			waitFor = busy[wait]
+		}
+		id, err := s.insertOnce(ctx, req, hash, waitFor)
+		var b busyError
 		switch {
 		case errors.Is(err, errSlotTaken):
 			if races++; races == maxSlotAttempts {
@@ -156,11 +163,18 @@ func (s *Store) insert(ctx context.Context, req *CreateRequest, hash []byte) (st
 					"the pay amounts drawn for %s %s on %s were taken by creations at the same moment, %d times; try again",
 					req.Asset.FormatAmount(req.Amount), req.Asset.Symbol, req.Asset.Network, maxSlotAttempts)
 			}
-		case errors.Is(err, errAddressesBusy):
+		case errors.As(err, &b) && wait < 0 && len(b.addrs) > 0:
 			// Each address with room was held by a daemon of an earlier
-			// release: wait for them one at a time, each in a transaction
-			// of its own that holds no other address.
-			if wait++; wait == len(req.Asset.Addresses) {
+			// release: wait for those, one at a time from one drawn at
+			// random, each in a transaction of its own that holds no other
+			// address.
+			start, err := s.rand(len(b.addrs))
+			if err != nil {
+				return "", err
+			}
+			busy, wait = append(append([]string{}, b.addrs[start:]...), b.addrs[:start]...), 0
+		case errors.As(err, &b) && wait >= 0:
+			if wait++; wait == len(busy) {
 				return "", noUniqueAmount(req.Asset, req.Amount)
 			}
 		default:
@@ -179,9 +193,9 @@ const maxCreating = 8
 const maxSlotAttempts = 5
 
 // insertOnce tries a creation in one transaction. On a shared address,
-// wait < 0 tries every address without waiting for any; wait >= 0 waits
-// for the wait-th address alone (chooseSlot).
-func (s *Store) insertOnce(ctx context.Context, req *CreateRequest, hash []byte, wait int) (string, error) {
+// with wait "" it tries every address with room, waiting for none; else
+// it waits for that address alone (chooseSlot).
+func (s *Store) insertOnce(ctx context.Context, req *CreateRequest, hash []byte, wait string) (string, error) {
 	id := paywatch.NewID("ord")
 	now := s.now()
 	expires := now.Add(req.ExpiresIn)
@@ -313,12 +327,19 @@ func lockIdentity(ctx context.Context, tx *sqlx.Tx, req *CreateRequest) error {
 // it (replay).
 var errReplay = errors.New("an order with this identity exists")
 
-// errAddressesBusy: every address with room was held by a daemon of an
+// errAddressBusy: an earlier release holds the address (lockFreeSlot).
+var errAddressBusy = errors.New("the shared address is busy")
+
+// busyError: every address with room (addrs) was held by a daemon of an
 // earlier release (addressLockKey); insert waits for them in turn.
-var errAddressesBusy = errors.New("every shared address is busy")
+type busyError struct{ addrs []string }
+
+func (e busyError) Error() string {
+	return fmt.Sprintf("%d shared addresses with room are busy", len(e.addrs))
+}
 
 // addressLockKey names the lock of a shared address. Each creation holds
-// it in shared mode on the addresses it visits; a daemon of an earlier
+// it in shared mode on the address it takes a slot at (lockFreeSlot); a daemon of an earlier
 // release held it exclusively for each creation, and so takes turns with
 // this one's (during a rolling upgrade, neither writes a slot the other is
 // writing, nor waits on the other's rows).
@@ -349,7 +370,8 @@ var errSlotTaken = errors.New("the amount slot was taken by a creation committin
 // payment of some amount waiting to be mined must not be able to create an
 // order whose pay amount is exactly that. With several addresses, the
 // search starts at one drawn at random, so that creations spread over
-// them.
+// them, and visits only those with room (one statement finds the full
+// ones).
 //
 // The primary key of amount_slots is what guarantees uniqueness (holdSlot).
 // The lock is a transaction-scoped advisory lock per slot, taken without
@@ -357,22 +379,22 @@ var errSlotTaken = errors.New("the amount slot was taken by a creation committin
 // it, the second takes another, and creations on one address run side by
 // side instead of one at a time. Nothing ever waits for a slot's lock.
 //
-// Each address visited is also locked in shared mode (addressLockKey):
-// without waiting when wait < 0, an address held exclusively being passed
-// over as busy (errAddressesBusy when no other had room); waiting, for the
-// wait-th address alone, when wait >= 0, in a transaction that holds no
-// other address. No creation waits for an address while holding another:
-// none deadlocks with an earlier release's, whatever order each lists the
-// addresses in.
-func (s *Store) chooseSlot(ctx context.Context, tx *sqlx.Tx, req *CreateRequest, now time.Time, wait int) (*slotChoice, error) {
+// The address a slot is taken at is also locked, in shared mode
+// (addressLockKey): without waiting when wait is "", an address held
+// exclusively being passed over as busy (busyError when no other had
+// room); waiting, for the address wait alone, in a transaction that holds
+// no other address. No creation waits for an address while holding
+// another: none deadlocks with an earlier release's, whatever order each
+// lists the addresses in.
+func (s *Store) chooseSlot(ctx context.Context, tx *sqlx.Tx, req *CreateRequest, now time.Time, wait string) (*slotChoice, error) {
 	a, amount := req.Asset, req.Amount
 	addrs := a.Addresses
 	switch {
-	case wait >= 0:
-		addrs = addrs[wait : wait+1]
+	case wait != "":
+		addrs = []string{wait}
 		if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock_shared(hashtextextended($1, 0))`,
-			addressLockKey(a, addrs[0])); err != nil {
-			return nil, fmt.Errorf("wait for address %s: %w", addrs[0], err)
+			addressLockKey(a, wait)); err != nil {
+			return nil, fmt.Errorf("wait for address %s: %w", wait, err)
 		}
 	case len(addrs) > 1:
 		start, err := s.rand(len(addrs))
@@ -380,13 +402,18 @@ func (s *Store) chooseSlot(ctx context.Context, tx *sqlx.Tx, req *CreateRequest,
 			return nil, err
 		}
 		addrs = append(append([]string{}, addrs[start:]...), addrs[:start]...)
+		if addrs, err = withRoom(ctx, tx, req, addrs, now); err != nil {
+			return nil, err
+		}
 	}
-	busy := 0
-	for _, addr := range addrs {
-		k, err := lockFreeSlot(ctx, tx, req, addr, now, s.rand)
+	// withRoom looked for a replay already, when it ran.
+	lookForReplay := wait != "" || len(a.Addresses) == 1
+	var busy []string
+	for i, addr := range addrs {
+		k, err := lockFreeSlot(ctx, tx, req, addr, now, s.rand, lookForReplay && i == 0)
 		switch {
-		case errors.Is(err, errAddressesBusy):
-			busy++
+		case errors.Is(err, errAddressBusy):
+			busy = append(busy, addr)
 			continue
 		case err != nil:
 			return nil, err
@@ -397,10 +424,46 @@ func (s *Store) chooseSlot(ctx context.Context, tx *sqlx.Tx, req *CreateRequest,
 		pay.Add(pay, amount)
 		return &slotChoice{address: addr, k: k, payAmount: pay}, nil
 	}
-	if busy > 0 || wait >= 0 {
-		return nil, errAddressesBusy
+	if len(busy) > 0 || wait != "" {
+		return nil, busyError{addrs: busy}
 	}
 	return nil, noUniqueAmount(a, amount)
+}
+
+// withRoom returns addrs without those whose every slot for the amount is
+// held, in their order; or errReplay when an order with the request's
+// identity exists (a retry whose original committed, waited for by
+// lockIdentity: it takes no slot).
+func withRoom(ctx context.Context, tx *sqlx.Tx, req *CreateRequest, addrs []string, now time.Time) ([]string, error) {
+	a, amount := req.Asset, req.Amount
+	var r struct {
+		Replay bool           `db:"replay"`
+		Full   pq.StringArray `db:"full"`
+	}
+	if err := tx.GetContext(ctx, &r, `SELECT `+replaySQL+` AS replay,
+		ARRAY(SELECT address FROM amount_slots
+			WHERE network = $4 AND asset = $5 AND address = ANY($6) AND pay_amount BETWEEN $7 AND $8 AND held_until > $9
+				AND (pay_amount - $7) % $10 = 0
+			GROUP BY address HAVING count(*) >= $11) AS full`,
+		req.ExternalID, req.IdempotencyScope, req.IdempotencyKey, a.Network, a.Symbol, pq.Array(addrs),
+		amount.String(), lastPay(a, amount).String(), now, a.UniqueStep.String(), a.UniqueSlots); err != nil {
+		return nil, fmt.Errorf("find the addresses with room: %w", err)
+	}
+	if r.Replay {
+		return nil, errReplay
+	}
+	return slices.DeleteFunc(addrs, func(addr string) bool { return slices.Contains(r.Full, addr) }), nil
+}
+
+// replaySQL says whether an order with the identity $1 (external_id), $2,
+// $3 (Idempotency-Key's scope and key) exists.
+const replaySQL = `(EXISTS (SELECT 1 FROM orders WHERE external_id = $1)
+	OR EXISTS (SELECT 1 FROM orders WHERE idempotency_scope = $2 AND idempotency_key = $3))`
+
+// lastPay is the pay amount of the last slot for amount.
+func lastPay(a *paywatch.Asset, amount *big.Int) *big.Int {
+	last := new(big.Int).Mul(big.NewInt(int64(a.UniqueSlots-1)), a.UniqueStep)
+	return last.Add(last, amount)
 }
 
 // slotCandidates is how many free slots one statement of lockFreeSlot
@@ -415,35 +478,25 @@ const slotCandidates = 8
 // range (an index range scan), then tries drawn candidates, a few per
 // statement.
 func lockFreeSlot(ctx context.Context, tx *sqlx.Tx, req *CreateRequest, addr string, now time.Time,
-	draw func(n int) (int, error)) (int, error) {
+	draw func(n int) (int, error), first bool) (int, error) {
 	a, amount := req.Asset, req.Amount
-	last := new(big.Int).Mul(big.NewInt(int64(a.UniqueSlots-1)), a.UniqueStep)
-	last.Add(last, amount)
-	// One statement: the address's lock in shared mode (without waiting),
-	// whether an order of the request's identity exists (a retry whose
-	// original committed, waited for by lockIdentity: it takes no slot),
-	// and the held slots.
-	var first struct {
-		Free   bool           `db:"free"`
+	// The held slots; and, at the first address visited, whether an order
+	// with the request's identity exists (see withRoom).
+	var r struct {
 		Replay bool           `db:"replay"`
 		Held   pq.StringArray `db:"held"`
 	}
-	if err := tx.GetContext(ctx, &first, `SELECT pg_try_advisory_xact_lock_shared(hashtextextended($7, 0)) AS free,
-		EXISTS (SELECT 1 FROM orders WHERE external_id = $8)
-			OR EXISTS (SELECT 1 FROM orders WHERE idempotency_scope = $9 AND idempotency_key = $10) AS replay,
+	if err := tx.GetContext(ctx, &r, `SELECT $10::bool AND `+replaySQL+` AS replay,
 		ARRAY(SELECT pay_amount::text FROM amount_slots
-			WHERE network = $1 AND asset = $2 AND address = $3 AND pay_amount BETWEEN $4 AND $5 AND held_until > $6) AS held`,
-		a.Network, a.Symbol, addr, amount.String(), last.String(), now, addressLockKey(a, addr),
-		req.ExternalID, req.IdempotencyScope, req.IdempotencyKey); err != nil {
+			WHERE network = $4 AND asset = $5 AND address = $6 AND pay_amount BETWEEN $7 AND $8 AND held_until > $9) AS held`,
+		req.ExternalID, req.IdempotencyScope, req.IdempotencyKey, a.Network, a.Symbol, addr, amount.String(),
+		lastPay(a, amount).String(), now, first); err != nil {
 		return 0, fmt.Errorf("read held amount slots: %w", err)
 	}
-	switch {
-	case first.Replay:
+	if r.Replay {
 		return 0, errReplay
-	case !first.Free:
-		return 0, errAddressesBusy
 	}
-	held := first.Held
+	held := r.Held
 	taken := make(map[int]bool, len(held))
 	for _, h := range held {
 		v, err := units(h, "held pay amount")
@@ -466,25 +519,35 @@ func lockFreeSlot(ctx context.Context, tx *sqlx.Tx, req *CreateRequest, addr str
 			pay := new(big.Int).Mul(big.NewInt(int64(k)), a.UniqueStep)
 			pays[i] = pay.Add(pay, amount).String()
 		}
-		// The first candidate, in the order drawn, that no one holds and
+		// The address's lock in shared mode, without waiting (taken only
+		// at an address with room: a creation holds one address's), then
+		// the first candidate, in the order drawn, that no one holds and
 		// whose lock is free, taking that lock and no other: the look-up
 		// of the held ones comes first, ordered and fenced (OFFSET 0), so
 		// that whatever plan the look-up gets, the locks are tried one
 		// candidate at a time, in the order drawn, until one is taken. A
 		// holder that committed after this statement's snapshot is caught
 		// by holdSlot.
-		var n []int64
-		if err := tx.SelectContext(ctx, &n, `SELECT c.n FROM (
-				SELECT u.pay, u.n FROM unnest($4::text[]) WITH ORDINALITY AS u(pay, n)
-				WHERE NOT EXISTS (SELECT 1 FROM amount_slots s WHERE s.network = $1 AND s.asset = $2 AND s.address = $3
-					AND s.pay_amount = u.pay::numeric AND s.held_until > $5)
-				ORDER BY u.n OFFSET 0) c
-			WHERE pg_try_advisory_xact_lock(hashtextextended($6 || c.pay, 0))
-			LIMIT 1`, a.Network, a.Symbol, addr, pq.Array(pays), now, key); err != nil {
+		var pick struct {
+			Free bool   `db:"free"`
+			N    *int64 `db:"n"`
+		}
+		if err := tx.GetContext(ctx, &pick, `WITH addr AS (SELECT pg_try_advisory_xact_lock_shared(hashtextextended($7, 0)) AS free)
+			SELECT addr.free, CASE WHEN addr.free THEN (SELECT c.n FROM (
+					SELECT u.pay, u.n FROM unnest($4::text[]) WITH ORDINALITY AS u(pay, n)
+					WHERE NOT EXISTS (SELECT 1 FROM amount_slots s WHERE s.network = $1 AND s.asset = $2 AND s.address = $3
+						AND s.pay_amount = u.pay::numeric AND s.held_until > $5)
+					ORDER BY u.n OFFSET 0) c
+				WHERE pg_try_advisory_xact_lock(hashtextextended($6 || c.pay, 0))
+				LIMIT 1) END AS n
+			FROM addr`, a.Network, a.Symbol, addr, pq.Array(pays), now, key, addressLockKey(a, addr)); err != nil {
 			return 0, fmt.Errorf("lock an amount slot: %w", err)
 		}
-		if len(n) == 1 {
-			return ks[n[0]-1], nil
+		switch {
+		case !pick.Free:
+			return 0, errAddressBusy
+		case pick.N != nil:
+			return ks[*pick.N-1], nil
 		}
 		for _, k := range ks { // each held, or being taken by a creation in flight
 			taken[k] = true

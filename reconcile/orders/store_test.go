@@ -897,3 +897,40 @@ func TestASlotTakenUnderACreationSendsItRoundAgain(t *testing.T) {
 		t.Fatalf("after one race: %+v %v %v", o, created, err)
 	}
 }
+
+// A creation holds the locks of its identity, of one address and of one
+// slot, however many of the asset's addresses are full: the lock table is
+// the whole server's.
+func TestACreationLocksOneAddressWhenOthersAreFull(t *testing.T) {
+	db := pgtest.New(t)
+	s, _ := newStore(t, db)
+	ctx := context.Background()
+	many := *usdt
+	many.UniqueSlots = 1
+	many.Addresses = make([]string, 300)
+	for i := range many.Addresses {
+		many.Addresses[i] = fmt.Sprintf("0x%040x", i+1)
+	}
+	for i, addr := range many.Addresses[1:] { // all full but the first
+		one := many
+		one.Addresses = []string{addr}
+		if _, _, err := s.Create(ctx, req(fmt.Sprint("full-", i), &one, 10)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	slowCreations(t, db, "slow", 1)
+	s.Rand = func(n int) int { return min(n-1, 1) } // start at the second address: the first, with room, comes last
+	slow := startCreate(t, s, req("slow", &many, 10))
+	waitForSleep(t, db)
+	var locks int
+	if err := db.Get(&locks, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = (
+		SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND wait_event = 'PgSleep')`); err != nil {
+		t.Fatal(err)
+	}
+	if o := <-slow; o == nil || o.PayAddress != many.Addresses[0] {
+		t.Fatalf("%+v, want an order at the only address with room", o)
+	}
+	if locks != 3 {
+		t.Fatalf("the creation held %d advisory locks, want 3 (its external_id, one address, one slot)", locks)
+	}
+}
