@@ -370,8 +370,8 @@ var errSlotTaken = errors.New("the amount slot was taken by a creation committin
 // payment of some amount waiting to be mined must not be able to create an
 // order whose pay amount is exactly that. With several addresses, the
 // search starts at one drawn at random, so that creations spread over
-// them, and visits only those with room (one statement finds the full
-// ones).
+// them; when the first has no slot to give, one statement finds which of
+// the others have room, and only those are visited.
 //
 // The primary key of amount_slots is what guarantees uniqueness (holdSlot).
 // The lock is a transaction-scoped advisory lock per slot, taken without
@@ -402,15 +402,24 @@ func (s *Store) chooseSlot(ctx context.Context, tx *sqlx.Tx, req *CreateRequest,
 			return nil, err
 		}
 		addrs = append(append([]string{}, addrs[start:]...), addrs[:start]...)
-		if addrs, err = withRoom(ctx, tx, req, addrs, now); err != nil {
-			return nil, err
-		}
 	}
-	// withRoom looked for a replay already, when it ran.
-	lookForReplay := wait != "" || len(a.Addresses) == 1
 	var busy []string
-	for i, addr := range addrs {
-		k, err := lockFreeSlot(ctx, tx, req, addr, now, s.rand, lookForReplay && i == 0)
+	for i := 0; i < len(addrs); i++ {
+		addr := addrs[i]
+		if i == 1 && len(addrs) > 2 {
+			// The first address had no slot to give: of the others, visit
+			// only those with room.
+			rest, err := withRoom(ctx, tx, req, addrs[1:], now)
+			if err != nil {
+				return nil, err
+			}
+			addrs = append(addrs[:1], rest...)
+			if len(addrs) == 1 {
+				break
+			}
+			addr = addrs[1]
+		}
+		k, err := lockFreeSlot(ctx, tx, req, addr, now, s.rand, i == 0)
 		switch {
 		case errors.Is(err, errAddressBusy):
 			busy = append(busy, addr)
@@ -431,9 +440,10 @@ func (s *Store) chooseSlot(ctx context.Context, tx *sqlx.Tx, req *CreateRequest,
 }
 
 // withRoom returns addrs without those whose every slot for the amount is
-// held, in their order; or errReplay when an order with the request's
-// identity exists (a retry whose original committed, waited for by
-// lockIdentity: it takes no slot).
+// held, in their order, in one statement (an asset may list thousands of
+// addresses, most of them full); or errReplay when an order with the
+// request's identity exists (a retry whose original committed, waited for
+// by lockIdentity: it takes no slot).
 func withRoom(ctx context.Context, tx *sqlx.Tx, req *CreateRequest, addrs []string, now time.Time) ([]string, error) {
 	a, amount := req.Asset, req.Amount
 	var r struct {
