@@ -48,6 +48,8 @@ type Store struct {
 	getStmt *sqlx.Stmt
 	// headStmt reads an order without its transfers (Get).
 	headStmt *sqlx.Stmt
+	// stmts are the creations' slot statements, by their text (statement).
+	stmts map[string]*sqlx.Stmt
 }
 
 func (s *Store) rand(n int) (int, error) {
