@@ -384,10 +384,10 @@ func (e busyError) Error() string {
 }
 
 // addressLockKey names the lock of a shared address. Each creation holds
-// it in shared mode on the address it takes a slot at (lockFreeSlot); a daemon of an earlier
-// release held it exclusively for each creation, and so takes turns with
-// this one's (during a rolling upgrade, neither writes a slot the other is
-// writing, nor waits on the other's rows).
+// it in shared mode on the address it takes a slot at (lockFreeSlot); a
+// daemon of an earlier release held it exclusively for each creation, and
+// so takes turns with this one's (during a rolling upgrade, neither writes
+// a slot the other is writing, nor waits on the other's rows).
 func addressLockKey(a *paywatch.Asset, addr string) string {
 	return "paywatch:slot:" + a.Network + ":" + a.Symbol + ":" + addr
 }
@@ -474,9 +474,7 @@ func (s *Store) chooseSlot(ctx context.Context, tx *sqlx.Tx, req *CreateRequest,
 		case k < 0:
 			continue
 		}
-		pay := new(big.Int).Mul(big.NewInt(int64(k)), a.UniqueStep)
-		pay.Add(pay, amount)
-		return &slotChoice{address: addr, k: k, payAmount: pay}, nil
+		return &slotChoice{address: addr, k: k, payAmount: payAmount(a, amount, k)}, nil
 	}
 	if len(busy) > 0 || wait != "" {
 		return nil, busyError{addrs: busy}
@@ -486,28 +484,19 @@ func (s *Store) chooseSlot(ctx context.Context, tx *sqlx.Tx, req *CreateRequest,
 
 // withRoom returns addrs without those whose every slot for the amount is
 // held, in their order, in one statement (an asset may list thousands of
-// addresses, most of them full); or errReplay when an order with the
-// request's identity exists (a retry whose original committed, waited for
-// by lockIdentity: it takes no slot).
+// addresses, most of them full).
 func withRoom(ctx context.Context, tx preparedTx, req *CreateRequest, addrs []string, now time.Time) ([]string, error) {
 	a, amount := req.Asset, req.Amount
-	var r struct {
-		Replay bool           `db:"replay"`
-		Full   pq.StringArray `db:"full"`
-	}
-	if err := tx.GetContext(ctx, &r, `SELECT `+replaySQL+` AS replay,
-		ARRAY(SELECT address FROM amount_slots
-			WHERE network = $4 AND asset = $5 AND address = ANY($6) AND pay_amount BETWEEN $7 AND $8 AND held_until > $9
-				AND (pay_amount - $7) % $10 = 0
-			GROUP BY address HAVING count(*) >= $11) AS full`,
-		req.ExternalID, req.IdempotencyScope, req.IdempotencyKey, a.Network, a.Symbol, pq.Array(addrs),
-		amount.String(), lastPay(a, amount).String(), now, a.UniqueStep.String(), a.UniqueSlots); err != nil {
+	var full pq.StringArray
+	if err := tx.GetContext(ctx, &full, `SELECT ARRAY(SELECT address FROM amount_slots
+			WHERE network = $1 AND asset = $2 AND address = ANY($3) AND pay_amount BETWEEN $4 AND $5 AND held_until > $6
+				AND (pay_amount - $4) % $7 = 0
+			GROUP BY address HAVING count(*) >= $8)`,
+		a.Network, a.Symbol, pq.Array(addrs), amount.String(), payAmount(a, amount, a.UniqueSlots-1).String(), now,
+		a.UniqueStep.String(), a.UniqueSlots); err != nil {
 		return nil, fmt.Errorf("find the addresses with room: %w", err)
 	}
-	if r.Replay {
-		return nil, errReplay
-	}
-	return slices.DeleteFunc(addrs, func(addr string) bool { return slices.Contains(r.Full, addr) }), nil
+	return slices.DeleteFunc(addrs, func(addr string) bool { return slices.Contains(full, addr) }), nil
 }
 
 // replaySQL says whether an order with the identity $1 (external_id), $2,
@@ -515,10 +504,10 @@ func withRoom(ctx context.Context, tx preparedTx, req *CreateRequest, addrs []st
 const replaySQL = `(EXISTS (SELECT 1 FROM orders WHERE external_id = $1)
 	OR EXISTS (SELECT 1 FROM orders WHERE idempotency_scope = $2 AND idempotency_key = $3))`
 
-// lastPay is the pay amount of the last slot for amount.
-func lastPay(a *paywatch.Asset, amount *big.Int) *big.Int {
-	last := new(big.Int).Mul(big.NewInt(int64(a.UniqueSlots-1)), a.UniqueStep)
-	return last.Add(last, amount)
+// payAmount is the pay amount of slot k for amount: amount + k × step.
+func payAmount(a *paywatch.Asset, amount *big.Int, k int) *big.Int {
+	pay := new(big.Int).Mul(big.NewInt(int64(k)), a.UniqueStep)
+	return pay.Add(pay, amount)
 }
 
 // slotCandidates is how many free slots one statement of lockFreeSlot
@@ -536,7 +525,8 @@ func lockFreeSlot(ctx context.Context, tx preparedTx, req *CreateRequest, addr s
 	draw func(n int) (int, error), first bool) (int, error) {
 	a, amount := req.Asset, req.Amount
 	// The held slots; and, at the first address visited, whether an order
-	// with the request's identity exists (see withRoom).
+	// with the request's identity exists (a retry whose original
+	// committed, waited for by lockIdentity: it takes no slot).
 	var r struct {
 		Replay bool           `db:"replay"`
 		Held   pq.StringArray `db:"held"`
@@ -545,7 +535,7 @@ func lockFreeSlot(ctx context.Context, tx preparedTx, req *CreateRequest, addr s
 		ARRAY(SELECT pay_amount::text FROM amount_slots
 			WHERE network = $4 AND asset = $5 AND address = $6 AND pay_amount BETWEEN $7 AND $8 AND held_until > $9) AS held`,
 		req.ExternalID, req.IdempotencyScope, req.IdempotencyKey, a.Network, a.Symbol, addr, amount.String(),
-		lastPay(a, amount).String(), now, first); err != nil {
+		payAmount(a, amount, a.UniqueSlots-1).String(), now, first); err != nil {
 		return 0, fmt.Errorf("read held amount slots: %w", err)
 	}
 	if r.Replay {
@@ -571,8 +561,7 @@ func lockFreeSlot(ctx context.Context, tx preparedTx, req *CreateRequest, addr s
 		}
 		pays := make([]string, len(ks))
 		for i, k := range ks {
-			pay := new(big.Int).Mul(big.NewInt(int64(k)), a.UniqueStep)
-			pays[i] = pay.Add(pay, amount).String()
+			pays[i] = payAmount(a, amount, k).String()
 		}
 		// The address's lock in shared mode, without waiting (taken only
 		// at an address with room: a creation holds one address's), then

@@ -129,23 +129,13 @@ func (s *Store) get(ctx context.Context, id string) (*paywatch.Order, error) {
 
 // getStatements prepares getOrderHeadSQL and getOrderSQL once.
 func (s *Store) getStatements(ctx context.Context) (bare, full *sqlx.Stmt, err error) {
-	s.stmtMu.Lock()
-	defer s.stmtMu.Unlock()
-	if s.getStmt == nil {
-		stmt, err := s.db.PreparexContext(ctx, getOrderSQL)
-		if err != nil {
-			return nil, nil, err
-		}
-		s.getStmt = stmt
+	if full, err = s.statement(ctx, getOrderSQL); err != nil {
+		return nil, nil, err
 	}
-	if s.headStmt == nil {
-		stmt, err := s.db.PreparexContext(ctx, getOrderHeadSQL)
-		if err != nil {
-			return nil, nil, err
-		}
-		s.headStmt = stmt
+	if bare, err = s.statement(ctx, getOrderHeadSQL); err != nil {
+		return nil, nil, err
 	}
-	return s.headStmt, s.getStmt, nil
+	return bare, full, nil
 }
 
 // orderHead is an order's row and whether it has any transfer to list

@@ -44,11 +44,9 @@ type Store struct {
 	// (NewStore): see insert.
 	creating chan struct{}
 
-	stmtMu  sync.Mutex
-	getStmt *sqlx.Stmt
-	// headStmt reads an order without its transfers (Get).
-	headStmt *sqlx.Stmt
-	// stmts are the creations' slot statements, by their text (statement).
+	stmtMu sync.Mutex
+	// stmts are the statements prepared once (statement), by their text:
+	// the reads of Get, the creations' slot statements.
 	stmts map[string]*sqlx.Stmt
 }
 
