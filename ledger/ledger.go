@@ -34,10 +34,13 @@ import (
 const (
 	KindReceipt     = "receipt"     // a confirmed transfer: wallet → suspense
 	KindAttribution = "attribution" // matched to an order: suspense → order
-	KindSettlement  = "settlement"  // order settled: order → settled
-	KindRefund      = "refund"      // resolved as refunded: order → refunds_owed
-	KindRelease     = "release"     // detached from a cancelled order: order → suspense
-	KindReversal    = "reversal"    // undoes another entry (reorgs)
+	KindSettlement  = "settlement"  // orders settled: order → settled, a posting per order
+	// An unsettlement moves one order's share of a settlement back when a
+	// reorg takes its payment away: settled → order.
+	KindUnsettlement = "unsettlement"
+	KindRefund       = "refund"   // resolved as refunded: order → refunds_owed
+	KindRelease      = "release"  // detached from a cancelled order: order → suspense
+	KindReversal     = "reversal" // undoes another entry (reorgs)
 	// A refund adjustment follows a reorg after a refund resolution: what is
 	// owed back moves with the money that arrived.
 	KindRefundAdjustment = "refund_adjustment"

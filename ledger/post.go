@@ -160,13 +160,16 @@ type OrderAmount struct {
 }
 
 // Settle moves each order's amount from its account to the shop's revenue
-// (settled:<network>:<asset>), one settlement entry per order, in one
-// statement inside tx.
+// (settled:<network>:<asset>) in one settlement entry, inside tx: a posting
+// per order and, per network and asset, one to revenue for their sum. A
+// batch of orders settled together is one entry, not one per order: a pass
+// settling thousands writes a third of the rows it would otherwise (what
+// each order moved stays on its own posting, under its own account).
 func Settle(ctx context.Context, tx *sqlx.Tx, at time.Time, items []OrderAmount) error {
 	var ids, networks, assets, amounts []string
 	for _, it := range items {
 		if it.Amount.Sign() == 0 {
-			continue // an operator settled a dispute with nothing received
+			continue // nothing received: nothing to move (a posting is never zero)
 		}
 		ids, networks, assets = append(ids, it.OrderID), append(networks, it.Network), append(assets, it.Asset)
 		amounts = append(amounts, it.Amount.String())
@@ -174,23 +177,35 @@ func Settle(ctx context.Context, tx *sqlx.Tx, at time.Time, items []OrderAmount)
 	if len(ids) == 0 {
 		return nil
 	}
+	// The revenue postings leave out a sum of zero (orders moving opposite
+	// amounts of one asset): the orders' postings balance by themselves.
 	_, err := tx.ExecContext(ctx, `
-WITH s AS (
-	SELECT nextval('ledger_entries_id_seq') AS eid, u.id, u.network, u.asset, u.amount::numeric AS amount
-	FROM unnest($2::text[], $3::text[], $4::text[], $5::text[]) AS u(id, network, asset, amount)
+WITH e AS (
+	SELECT nextval('ledger_entries_id_seq') AS eid
 ), ins AS (
-	INSERT INTO ledger_entries (id, at, kind, ref, order_id)
-	SELECT eid, $1, 'settlement', id || '#' || eid, id FROM s
+	INSERT INTO ledger_entries (id, at, kind, ref, memo)
+	SELECT eid, $1, 'settlement', 'batch#' || eid, $6 FROM e
+), u AS (
+	SELECT u.id, u.network, u.asset, u.amount::numeric AS amount
+	FROM unnest($2::text[], $3::text[], $4::text[], $5::text[]) AS u(id, network, asset, amount)
 )
 INSERT INTO ledger_postings (entry_id, account, network, asset, amount)
-SELECT s.eid, v.account, s.network, s.asset, v.amount
-FROM s CROSS JOIN LATERAL (VALUES (`+OrderSQL("s.id")+`, s.amount),
-                                  (`+SettledSQL("s.network", "s.asset")+`, -s.amount)) AS v(account, amount)`,
-		at, pq.Array(ids), pq.Array(networks), pq.Array(assets), pq.Array(amounts))
+SELECT e.eid, `+OrderSQL("u.id")+`, u.network, u.asset, u.amount FROM e, u
+UNION ALL
+SELECT e.eid, `+SettledSQL("u.network", "u.asset")+`, u.network, u.asset, -sum(u.amount) FROM e, u
+GROUP BY e.eid, u.network, u.asset HAVING sum(u.amount) <> 0`,
+		at, pq.Array(ids), pq.Array(networks), pq.Array(assets), pq.Array(amounts), settledMemo(len(ids)))
 	if err != nil {
 		return fmt.Errorf("post settlements: %w", err)
 	}
 	return nil
+}
+
+func settledMemo(n int) string {
+	if n == 1 {
+		return "settles 1 order"
+	}
+	return fmt.Sprintf("settles %d orders", n)
 }
 
 // Reverse posts, inside tx, a reversing entry for each entry selected by
@@ -206,15 +221,52 @@ func Reverse(ctx context.Context, tx *sqlx.Tx, at time.Time, query string, args 
 	return n, nil
 }
 
-// Unsettle reverses the settlements of orders that are no longer settled
-// (a reorg took their payment away), inside tx.
+// settledShareSQL is the condition on a ledger entry (alias e) whose
+// postings on an order's account count towards what revenue holds of the
+// order: settlements (a batch's, an operator's), unsettlements, and
+// reversals of either (settlements were undone by reversal before
+// batches). Migration 00018's commit check counts the same entries.
+func settledShareSQL(e string) string {
+	return e + `.kind IN ('` + KindSettlement + `', '` + KindUnsettlement + `') OR (` + e + `.kind = '` + KindReversal +
+		`' AND EXISTS (SELECT 1 FROM ledger_entries r WHERE r.id = ` + e + `.reverses AND r.kind IN ('` +
+		KindSettlement + `', '` + KindUnsettlement + `')))`
+}
+
+// Unsettle moves back, inside tx, what was settled for orders that are no
+// longer settled (a reorg took their payment away): per order and asset,
+// an unsettlement entry (revenue → order) of what the order's settlements
+// moved and nothing has moved back yet. A settlement covers a batch of
+// orders, so it is not reversed whole: each order's share comes back on its
+// own (settledShareSQL says what counts). An unsettlement's ref names the
+// last entry it counted: the same share cannot be moved back twice, even
+// by two transactions at once (the second meets the first's (kind, ref)).
 func Unsettle(ctx context.Context, tx *sqlx.Tx, at time.Time, orderIDs []string) error {
 	if len(orderIDs) == 0 {
 		return nil
 	}
-	_, err := Reverse(ctx, tx, at, `SELECT id FROM ledger_entries WHERE order_id = ANY($2) AND kind = 'settlement'`,
-		pq.Array(orderIDs))
-	return err
+	_, err := tx.ExecContext(ctx, `
+WITH owed AS (
+	SELECT u.id, p.network, p.asset, sum(p.amount) AS amount, max(p.entry_id) AS last
+	FROM (SELECT DISTINCT id FROM unnest($2::text[]) AS x(id)) AS u(id)
+	JOIN ledger_postings p ON p.account = `+OrderSQL("u.id")+`
+	JOIN ledger_entries e ON e.id = p.entry_id
+	WHERE `+settledShareSQL("e")+`
+	GROUP BY u.id, p.network, p.asset HAVING sum(p.amount) <> 0
+), s AS (
+	SELECT nextval('ledger_entries_id_seq') AS eid, id, network, asset, amount, last FROM owed
+), ins AS (
+	INSERT INTO ledger_entries (id, at, kind, ref, order_id)
+	SELECT eid, $1, '`+KindUnsettlement+`', id || ':' || network || ':' || asset || '@' || last, id FROM s
+)
+INSERT INTO ledger_postings (entry_id, account, network, asset, amount)
+SELECT s.eid, v.account, s.network, s.asset, v.amount
+FROM s CROSS JOIN LATERAL (VALUES (`+OrderSQL("s.id")+`, -s.amount),
+                                  (`+SettledSQL("s.network", "s.asset")+`, s.amount)) AS v(account, amount)`,
+		at, pq.Array(orderIDs))
+	if err != nil {
+		return fmt.Errorf("post unsettlements: %w", err)
+	}
+	return nil
 }
 
 // Sweep moves whatever an order's account holds, in each asset, to the

@@ -206,10 +206,11 @@ func TestChainReorgUndoesTheMatch(t *testing.T) {
 			t.Fatalf("%s = %s after the reorg", acct, b)
 		}
 	}
-	var reversals int
+	var reversals, unsettlements int
 	_ = e.db.Get(&reversals, `SELECT count(*) FROM ledger_entries WHERE kind = 'reversal'`)
-	if reversals != 3 {
-		t.Fatalf("%d reversing entries, want 3 (receipt, attribution, settlement)", reversals)
+	_ = e.db.Get(&unsettlements, `SELECT count(*) FROM ledger_entries WHERE kind = 'unsettlement' AND order_id = $1`, o.ID)
+	if reversals != 2 || unsettlements != 1 {
+		t.Fatalf("%d reversing entries and %d unsettlements, want 2 (receipt, attribution) and 1 (the settlement)", reversals, unsettlements)
 	}
 }
 

@@ -395,10 +395,62 @@ func TestReorgReversesLedger(t *testing.T) {
 			t.Errorf("%s = %s after the reorg, want 0", acct, got)
 		}
 	}
-	var reversals int
+	var reversals, unsettlements int
 	_ = f.db.Get(&reversals, `SELECT count(*) FROM ledger_entries WHERE kind = 'reversal'`)
-	if reversals != 3 { // receipt, attribution, settlement
-		t.Fatalf("%d reversals, want 3", reversals)
+	_ = f.db.Get(&unsettlements, `SELECT count(*) FROM ledger_entries WHERE kind = 'unsettlement' AND order_id = $1`, o.ID)
+	if reversals != 2 || unsettlements != 1 { // receipt and attribution reversed; the order's settlement moved back
+		t.Fatalf("%d reversals and %d unsettlements, want 2 and 1", reversals, unsettlements)
+	}
+}
+
+// An order that leaves settled takes its share of revenue with it, or its
+// transaction does not commit: a writer that moves the status alone (a
+// daemon of a release that undid settlements by reversing the order's own
+// entries, which a batch's settlement is not) is refused, not believed.
+func TestLeavingSettledWithoutUnsettlingIsRefused(t *testing.T) {
+	f := newFixture(t)
+	o := f.order(usdt, 4_000_000)
+	f.pay(payment{asset: usdt, to: shop, amount: 4_000_000})
+	f.pass()
+	f.expect(o, paywatch.StatusSettled, "")
+	ctx := context.Background()
+	leave := func(unsettle bool) error {
+		tx, err := f.db.BeginTxx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback()
+		if _, err := tx.Exec(`UPDATE orders SET status = 'confirming', settled_at = NULL WHERE id = $1`, o.ID); err != nil {
+			t.Fatal(err)
+		}
+		if unsettle {
+			if err := ledger.Unsettle(ctx, tx, f.clock.Now(), []string{o.ID}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return tx.Commit()
+	}
+	if err := leave(false); err == nil || !strings.Contains(err.Error(), "still in revenue") {
+		t.Fatalf("left settled with its money in revenue: %v, want the commit refused", err)
+	}
+	if got := f.balance("settled:ethereum:USDT"); got != "4000000" {
+		t.Fatalf("settled = %s after the refused commit, want 4000000", got)
+	}
+	if err := leave(true); err != nil {
+		t.Fatalf("left settled with its share moved back: %v", err)
+	}
+	if got := f.balance("settled:ethereum:USDT"); got != "0" {
+		t.Fatalf("settled = %s, want 0", got)
+	}
+	if got := f.balance("order:" + o.ID); got != "4000000" {
+		t.Fatalf("the order's account holds %s, want 4000000", got)
+	}
+	// Its payment stands: the next pass to look at it settles it again.
+	pgtest.Exec(t, f.db, `INSERT INTO order_reviews (order_id, at) VALUES ($1, now())`, o.ID)
+	f.pass()
+	f.expect(o, paywatch.StatusSettled, "")
+	if got := f.balance("settled:ethereum:USDT"); got != "4000000" {
+		t.Fatalf("settled = %s after settling again, want 4000000", got)
 	}
 }
 
@@ -545,9 +597,12 @@ func TestTwoReconcilersAtOnce(t *testing.T) {
 	var settled, events, entries int
 	_ = f.db.Get(&settled, `SELECT count(*) FROM orders WHERE status = 'settled'`)
 	_ = f.db.Get(&events, `SELECT count(*) FROM order_events WHERE to_status = 'settled'`)
-	_ = f.db.Get(&entries, `SELECT count(*) FROM ledger_entries WHERE kind = 'settlement'`)
+	// Each order's settlement is one posting to its account, in its batch's
+	// entry.
+	_ = f.db.Get(&entries, `SELECT count(*) FROM ledger_postings p JOIN ledger_entries e ON e.id = p.entry_id
+		WHERE e.kind = 'settlement' AND p.account LIKE 'order:%'`)
 	if settled != n || events != n || entries != n {
-		t.Fatalf("settled %d, settle events %d, settlement entries %d; want %d each", settled, events, entries, n)
+		t.Fatalf("settled %d, settle events %d, settlement postings to orders %d; want %d each", settled, events, entries, n)
 	}
 	if got := f.balance("settled:ethereum:USDT"); got != fmt.Sprint(n*1_000_000+n*(n+1)/2) {
 		t.Fatalf("settled balance %s", got)
