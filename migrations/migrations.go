@@ -6,6 +6,7 @@ import (
 	"context"
 	"database/sql"
 	"embed"
+	"errors"
 	"fmt"
 
 	"github.com/pressly/goose/v3"
@@ -14,6 +15,10 @@ import (
 
 //go:embed *.sql
 var files embed.FS
+
+// ErrSchemaNewer reports a database migrated by a later release than this
+// one.
+var ErrSchemaNewer = errors.New("database schema is newer than this release")
 
 // Up applies every pending migration. It is safe to call on every start
 // and from several processes at once: goose serialises them with a
@@ -26,6 +31,18 @@ func Up(ctx context.Context, db *sql.DB) ([]int64, error) {
 	results, err := p.Up(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("apply migrations: %w", err)
+	}
+	// A schema a later release migrated is not this release's to run on:
+	// what it wrote may mean something this release would misread (money
+	// included). Checked after Up, so that a later release migrating at the
+	// same moment is seen too.
+	current, err := p.GetDBVersion(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("read schema version: %w", err)
+	}
+	if sources := p.ListSources(); len(sources) > 0 && current > sources[len(sources)-1].Version {
+		return nil, fmt.Errorf("%w: the database is at version %d, this release knows up to %d; run the release that migrated it, or roll the schema back with that release's migrations first",
+			ErrSchemaNewer, current, sources[len(sources)-1].Version)
 	}
 	applied := make([]int64, 0, len(results))
 	for _, r := range results {

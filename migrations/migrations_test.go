@@ -3,6 +3,8 @@ package migrations_test
 import (
 	"context"
 	"database/sql"
+	"errors"
+	"fmt"
 	"maps"
 	"path/filepath"
 	"strings"
@@ -203,5 +205,21 @@ func TestVersionIsReadWhileAnotherProcessMigrates(t *testing.T) {
 	}
 	if took := time.Since(start); took > 500*time.Millisecond {
 		t.Fatalf("the version took %s to read while the lock was held", took)
+	}
+}
+
+// A release started on a schema a later release migrated refuses it: it
+// would misread what the later release writes.
+func TestUpRefusesASchemaNewerThanThisRelease(t *testing.T) {
+	db := pgtest.New(t)
+	ctx := context.Background()
+	_, latest, err := migrations.Version(ctx, db.DB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pgtest.Exec(t, db, `INSERT INTO goose_db_version (version_id, is_applied) VALUES ($1, true)`, latest+1)
+	_, err = migrations.Up(ctx, db.DB)
+	if !errors.Is(err, migrations.ErrSchemaNewer) || !strings.Contains(err.Error(), fmt.Sprintf("at version %d", latest+1)) {
+		t.Fatalf("Up on a schema at version %d (this release knows %d): %v, want ErrSchemaNewer naming both", latest+1, latest, err)
 	}
 }
