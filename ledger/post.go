@@ -221,15 +221,15 @@ func Reverse(ctx context.Context, tx *sqlx.Tx, at time.Time, query string, args 
 	return n, nil
 }
 
-// settledShareSQL is the condition on a ledger entry (alias e) whose
+// settledShareSQL is the condition (parenthesised) on a ledger entry (alias e) whose
 // postings on an order's account count towards what revenue holds of the
 // order: settlements (a batch's, an operator's), unsettlements, and
 // reversals of either (settlements were undone by reversal before
 // batches). Migration 00018's commit check counts the same entries.
 func settledShareSQL(e string) string {
-	return e + `.kind IN ('` + KindSettlement + `', '` + KindUnsettlement + `') OR (` + e + `.kind = '` + KindReversal +
+	return `(` + e + `.kind IN ('` + KindSettlement + `', '` + KindUnsettlement + `') OR (` + e + `.kind = '` + KindReversal +
 		`' AND EXISTS (SELECT 1 FROM ledger_entries r WHERE r.id = ` + e + `.reverses AND r.kind IN ('` +
-		KindSettlement + `', '` + KindUnsettlement + `')))`
+		KindSettlement + `', '` + KindUnsettlement + `'))))`
 }
 
 // Unsettle moves back, inside tx, what was settled for orders that are no
