@@ -36,13 +36,13 @@ func Up(ctx context.Context, db *sql.DB) ([]int64, error) {
 	// what it wrote may mean something this release would misread (money
 	// included). Checked after Up, so that a later release migrating at the
 	// same moment is seen too.
-	current, err := p.GetDBVersion(ctx)
+	current, latest, err := versions(ctx, p)
 	if err != nil {
-		return nil, fmt.Errorf("read schema version: %w", err)
+		return nil, err
 	}
-	if sources := p.ListSources(); len(sources) > 0 && current > sources[len(sources)-1].Version {
+	if current > latest {
 		return nil, fmt.Errorf("%w: the database is at version %d, this release knows up to %d; run the release that migrated it, or roll the schema back with that release's migrations first",
-			ErrSchemaNewer, current, sources[len(sources)-1].Version)
+			ErrSchemaNewer, current, latest)
 	}
 	applied := make([]int64, 0, len(results))
 	for _, r := range results {
@@ -72,12 +72,17 @@ func Version(ctx context.Context, db *sql.DB) (current, latest int64, err error)
 	if err != nil {
 		return 0, 0, err
 	}
+	return versions(ctx, p)
+}
+
+// versions returns the schema version of p's database and the newest
+// version p knows.
+func versions(ctx context.Context, p *goose.Provider) (current, latest int64, err error) {
 	current, err = p.GetDBVersion(ctx)
 	if err != nil {
 		return 0, 0, fmt.Errorf("read schema version: %w", err)
 	}
-	sources := p.ListSources()
-	if len(sources) > 0 {
+	if sources := p.ListSources(); len(sources) > 0 {
 		latest = sources[len(sources)-1].Version
 	}
 	return current, latest, nil
