@@ -150,6 +150,13 @@ func newDaemon(ctx context.Context, log *slog.Logger, cfg *config.Config) (*daem
 	sealer := orders.NewSealer(cfg.Networks)
 	store := orders.NewStore(db, cfg.Orders.MonitoringWindow, wallets)
 	store.Sealer = sealer
+	// The pool's connections open before the API listens: the first
+	// requests after a start do not queue while they open.
+	warmCtx, cancelWarm := context.WithTimeout(ctx, 10*time.Second)
+	if err := store.Warm(warmCtx, migrations.MaxOpenConns); err != nil {
+		log.Warn("could not open the database connections ahead of requests", "err", err)
+	}
+	cancelWarm()
 	scans := scan.NewStore(db)
 	scans.Log = log
 	rec := newReconciler(db, log, cfg)

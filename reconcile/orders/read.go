@@ -11,6 +11,7 @@ import (
 
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/paywatch/paywatch"
 	"github.com/paywatch/paywatch/migrations/pg"
@@ -125,6 +126,45 @@ func (s *Store) get(ctx context.Context, id string) (*paywatch.Order, error) {
 		return nil, fmt.Errorf("read order %s: %w", id, err)
 	}
 	return orderFrom(rows, id)
+}
+
+// Warm opens n of the pool's connections at once, reads an order on each
+// (an id no order has), and leaves them idle in the pool. The first burst
+// of reads after a start then finds them open, instead of queueing while
+// the pool opens them (each a TCP and authentication round trip and a
+// server process), and each session's first read of the orders (where
+// the server loads what it knows of the table and its indexes) is behind
+// it. The pool must keep n idle connections (migrations.Open keeps all).
+// A failure leaves the pool as it is, opening connections when needed.
+func (s *Store) Warm(ctx context.Context, n int) error {
+	conns := make([]*sql.Conn, n)
+	defer func() {
+		for _, c := range conns {
+			if c != nil {
+				c.Close() // back to the pool, once all are open
+			}
+		}
+	}()
+	g, ctx := errgroup.WithContext(ctx)
+	for i := range conns {
+		g.Go(func() error {
+			c, err := s.db.Conn(ctx)
+			if err != nil {
+				return err
+			}
+			conns[i] = c
+			rows, err := c.QueryContext(ctx, getOrderHeadSQL, "")
+			if err != nil {
+				return err
+			}
+			rows.Close()
+			return rows.Err()
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return fmt.Errorf("open %d connections to read orders: %w", n, err)
+	}
+	return nil
 }
 
 // getStatements prepares getOrderHeadSQL and getOrderSQL once.
