@@ -122,13 +122,15 @@ func retried(ctx context.Context, err error) {
 // gets its answer instead of an error. It tries again while the pool holds
 // idle connections (any of them may be dead too, and the driver drops each
 // that fails), then once on a new connection, and never more than the pool
-// held idle at the start, plus one: when every connection fails (the path
-// to the server resets them all), each caller costs the server about one
-// new connection (database/sql itself may open a second when the first
-// fails as it starts). fn must set what it returns afresh each time it runs.
-// Each time it runs again is reported to ctx's Trace (WithTrace).
+// held at the start, idle or in use, plus one (one in use then may be back
+// in the pool, as dead as the rest, by the time the idle ones are tried):
+// when every connection fails (the path to the server resets them all),
+// each caller costs the server about one new connection (database/sql
+// itself may open a second when the first fails as it starts). fn must set
+// what it returns afresh each time it runs. Each time it runs again is
+// reported to ctx's Trace (WithTrace).
 func Read(ctx context.Context, db *sqlx.DB, fn func() error) error {
-	tries := db.Stats().Idle + 1
+	tries := db.Stats().OpenConnections + 1
 	fresh := false
 	for {
 		err := fn()

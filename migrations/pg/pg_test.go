@@ -131,6 +131,40 @@ func TestReadsOpenOneConnectionEachWhenEveryConnectionResets(t *testing.T) {
 	t.Logf("%d failed reads opened %d connections", readers, opened)
 }
 
+// A connection in use when every connection dies may come back to the
+// pool while a read goes through the dead idle ones: the read tries it too,
+// and still reaches a new connection (a daemon whose pool was opened ahead
+// of requests got a 500 here when the scanner put a dead connection back).
+func TestReadOutlivesADeadConnectionPutBackMeanwhile(t *testing.T) {
+	ctx := t.Context()
+	const pooled = 4
+	p, db := pgtest.ProxiedPool(t, pgtest.NewURL(t), pooled)
+	pgtest.FillPool(t, db, pooled-1)
+	held, err := db.Connx(ctx) // in use (the scanner's)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := held.PingContext(ctx); err != nil {
+		t.Fatal(err)
+	}
+	p.Reset() // every connection open now dies
+	runs := 0
+	err = pg.Read(ctx, db, func() error {
+		runs++
+		if runs == 1 {
+			held.Close() // back to the pool, dead
+		}
+		var one int
+		return db.GetContext(ctx, &one, `SELECT 1`)
+	})
+	if err != nil {
+		t.Fatalf("the read failed after %d runs: %v", runs, err)
+	}
+	if runs < 2 || runs > pooled+1 {
+		t.Fatalf("the read ran %d times, want between 2 and %d", runs, pooled+1)
+	}
+}
+
 // Each time Read runs a read again, it tells the context's Trace why: the
 // daemon counts and logs it, so that connections dying under reads (which
 // the callers never see) show.
