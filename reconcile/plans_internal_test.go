@@ -66,6 +66,75 @@ func TestApplyTransitionsReadsOnlyTheOrdersItMoves(t *testing.T) {
 	}
 }
 
+// A batch of transitions reads the transfers of its own orders, one probe
+// of the order_id index each, wherever its orders stand in the walk. The
+// planner flattens a plain LATERAL subquery into a join, and chose to
+// merge the batch's orders with transfers_order_idx read from its first
+// entry: a batch read every transfer whose order id sorts below its own
+// (92,001 for the 46th batch of a pass over 100,000 orders), a pass over n
+// orders cost about n²/4,000 index entries, and a shop's history of paid
+// orders was read again by every batch.
+func TestTransitionCandidatesReadOnlyTheirOrdersTransfers(t *testing.T) {
+	db := pgtest.New(t)
+	now := time.Now().UTC()
+	// 50,000 confirming orders, each with its confirmed payment; the last
+	// 2,000 are queued for review, as the ledger queues them.
+	pgtest.Exec(t, db, `INSERT INTO orders (id, external_id, request_hash, network, asset, asset_contract, amount, pay_amount,
+			pay_address, unique_k, status, created_at, expires_at, monitor_until, updated_at, created_height, earliest_block_time)
+		SELECT 'ord_' || lpad(g::text, 8, '0'), 'bulk-' || g, '\x00', 'ethereum', 'USDT', 'c', 1000000 + g, 1000000 + g,
+			'0xshop', g % 10000, 'confirming', $1::timestamptz, $1::timestamptz + interval '1 hour',
+			$1::timestamptz + interval '25 hours', $1::timestamptz, 0, $1::timestamptz - interval '5 minutes'
+		FROM generate_series(1, 50000) g`, now)
+	pgtest.Exec(t, db, `INSERT INTO transfers (id, network, asset, asset_contract, tx_hash, tx_key, idx, to_address, amount,
+			block_number, block_hash, state, order_id, match_kind, first_seen_at, updated_at, block_time)
+		SELECT 'trf_' || lpad(g::text, 8, '0'), 'ethereum', 'USDT', 'c', '0x' || lpad(to_hex(g), 64, '0'), 'k', 0, '0xshop',
+			1000000 + g, g, '0xb' || g, 'confirmed', 'ord_' || lpad(g::text, 8, '0'), 'amount', $1::timestamptz,
+			$1::timestamptz, $1::timestamptz
+		FROM generate_series(1, 50000) g`, now)
+	pgtest.Exec(t, db, `INSERT INTO order_reviews (order_id, at)
+		SELECT 'ord_' || lpad(g::text, 8, '0'), $1::timestamptz FROM generate_series(48001, 50000) g`, now)
+	pgtest.Exec(t, db, `ANALYZE`)
+	tx := db.MustBegin()
+	defer tx.Rollback()
+	// What the batch reads: each order with its one payment.
+	tx.MustExec(`SAVEPOINT read`)
+	var rows []factsRow
+	if err := tx.Select(&rows, transitionCandidates, now, time.Hour.Seconds(), "", 2000); err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 2000 || rows[0].ID != "ord_00048001" {
+		t.Fatalf("%d candidates from %v, want 2,000 from ord_00048001", len(rows), rows[:min(len(rows), 1)])
+	}
+	for _, r := range rows {
+		if r.OrderID == nil || r.Live != 1 || r.Received != *r.PayAmount {
+			t.Fatalf("order %s: %d live payments, %s received of %v", r.ID, r.Live, r.Received, r.PayAmount)
+		}
+	}
+	tx.MustExec(`ROLLBACK TO SAVEPOINT read`)
+	var out string
+	if err := tx.Get(&out, `EXPLAIN (ANALYZE, FORMAT JSON) `+transitionCandidates, now, time.Hour.Seconds(), "", 2000); err != nil {
+		t.Fatal(err)
+	}
+	var plans []struct{ Plan planNode }
+	if err := json.Unmarshal([]byte(out), &plans); err != nil || len(plans) != 1 {
+		t.Fatalf("plan %s: %v", out, err)
+	}
+	var read float64
+	var walk func(n planNode)
+	walk = func(n planNode) {
+		if n.Relation == "transfers" {
+			read += n.Rows * n.Loops
+		}
+		for _, c := range n.Plans {
+			walk(c)
+		}
+	}
+	walk(plans[0].Plan)
+	if read > 2000 {
+		t.Fatalf("reading the facts of 2,000 orders read %.0f transfers of 50,000:\n%s", read, out)
+	}
+}
+
 // planNode is a node of EXPLAIN (FORMAT JSON).
 type planNode struct {
 	Relation  string     `json:"Relation Name"`

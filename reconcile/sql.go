@@ -213,8 +213,11 @@ WITH cand AS (
 SELECT c.id, ` + factsSelect + `
 FROM cand c LEFT JOIN locked l ON l.id = c.id
 -- LATERAL: each order's transfers through the order_id index, never a
--- hash of every transfer (which grows with the history).
-LEFT JOIN LATERAL (SELECT * FROM transfers t WHERE t.order_id = l.id) t ON true
+-- hash of every transfer (which grows with the history). OFFSET 0 keeps
+-- the subquery apart: flattened into a join, it was merged with the
+-- order_id index read from its first entry, every transfer whose order
+-- sorts below the batch's.
+LEFT JOIN LATERAL (SELECT * FROM transfers t WHERE t.order_id = l.id OFFSET 0) t ON true
 GROUP BY c.id, ` + factsGroup + `
 ORDER BY c.id`
 
@@ -224,7 +227,7 @@ var allFacts = `
 SELECT l.id, ` + factsSelect + `
 FROM (SELECT ` + orderFacts + ` FROM orders o WHERE o.status NOT IN ('cancelled', 'refunded') AND o.id > $1
 	ORDER BY o.id LIMIT $2) l
-LEFT JOIN LATERAL (SELECT * FROM transfers t WHERE t.order_id = l.id) t ON true
+LEFT JOIN LATERAL (SELECT * FROM transfers t WHERE t.order_id = l.id OFFSET 0) t ON true
 GROUP BY ` + factsGroup + `
 ORDER BY l.id`
 
