@@ -23,12 +23,7 @@ func TestApplyTransitionsReadsOnlyTheOrdersItMoves(t *testing.T) {
 	db := pgtest.New(t)
 	now := time.Now().UTC()
 	// 100,000 orders; every 50th is confirming, spread over the table.
-	pgtest.Exec(t, db, `INSERT INTO orders (id, external_id, request_hash, network, asset, asset_contract, amount, pay_amount,
-			pay_address, unique_k, status, created_at, expires_at, monitor_until, updated_at, created_height, earliest_block_time)
-		SELECT 'ord_' || lpad(g::text, 8, '0'), 'bulk-' || g, '\x00', 'ethereum', 'USDT', 'c', 1000000 + g, 1000000 + g,
-			'0xshop', NULL, CASE WHEN g % 50 = 0 THEN 'confirming' ELSE 'settled' END, $1::timestamptz,
-			$1::timestamptz + interval '1 hour', $1::timestamptz + interval '25 hours', $1::timestamptz, 0, $1::timestamptz
-		FROM generate_series(1, 100000) g`, now)
+	insertBulkOrders(t, db, now, 100000, `CASE WHEN g % 50 = 0 THEN 'confirming' ELSE 'settled' END`)
 	pgtest.Exec(t, db, `ANALYZE orders`)
 	ids := make([]string, 2000)
 	from, to, none := make([]string, len(ids)), make([]string, len(ids)), make([]string, len(ids))
@@ -37,26 +32,8 @@ func TestApplyTransitionsReadsOnlyTheOrdersItMoves(t *testing.T) {
 	}
 	tx := db.MustBegin()
 	defer tx.Rollback()
-	var out string
-	if err := tx.Get(&out, `EXPLAIN (ANALYZE, FORMAT JSON) `+applyTransitions, now, pq.Array(ids), pq.Array(from), pq.Array(to),
-		pq.Array(none), pq.Array(none)); err != nil {
-		t.Fatal(err)
-	}
-	var plans []struct{ Plan planNode }
-	if err := json.Unmarshal([]byte(out), &plans); err != nil || len(plans) != 1 {
-		t.Fatalf("plan %s: %v", out, err)
-	}
-	var read float64
-	var walk func(n planNode)
-	walk = func(n planNode) {
-		if n.Relation == "orders" && n.Operation == "" {
-			read += n.Rows * n.Loops
-		}
-		for _, c := range n.Plans {
-			walk(c)
-		}
-	}
-	walk(plans[0].Plan)
+	read, out := rowsRead(t, tx, "orders", applyTransitions, now, pq.Array(ids), pq.Array(from), pq.Array(to),
+		pq.Array(none), pq.Array(none))
 	if read > 2000 {
 		t.Fatalf("moving 2,000 orders read %.0f rows of a table of 100,000:\n%s", read, out)
 	}
@@ -79,12 +56,7 @@ func TestTransitionCandidatesReadOnlyTheirOrdersTransfers(t *testing.T) {
 	now := time.Now().UTC()
 	// 50,000 confirming orders, each with its confirmed payment; the last
 	// 2,000 are queued for review, as the ledger queues them.
-	pgtest.Exec(t, db, `INSERT INTO orders (id, external_id, request_hash, network, asset, asset_contract, amount, pay_amount,
-			pay_address, unique_k, status, created_at, expires_at, monitor_until, updated_at, created_height, earliest_block_time)
-		SELECT 'ord_' || lpad(g::text, 8, '0'), 'bulk-' || g, '\x00', 'ethereum', 'USDT', 'c', 1000000 + g, 1000000 + g,
-			'0xshop', g % 10000, 'confirming', $1::timestamptz, $1::timestamptz + interval '1 hour',
-			$1::timestamptz + interval '25 hours', $1::timestamptz, 0, $1::timestamptz - interval '5 minutes'
-		FROM generate_series(1, 50000) g`, now)
+	insertBulkOrders(t, db, now, 50000, `'confirming'`)
 	pgtest.Exec(t, db, `INSERT INTO transfers (id, network, asset, asset_contract, tx_hash, tx_key, idx, to_address, amount,
 			block_number, block_hash, state, order_id, match_kind, first_seen_at, updated_at, block_time)
 		SELECT 'trf_' || lpad(g::text, 8, '0'), 'ethereum', 'USDT', 'c', '0x' || lpad(to_hex(g), 64, '0'), 'k', 0, '0xshop',
@@ -113,8 +85,31 @@ func TestTransitionCandidatesReadOnlyTheirOrdersTransfers(t *testing.T) {
 		}
 	}
 	tx.MustExec(`ROLLBACK TO SAVEPOINT read`)
+	read, out := rowsRead(t, tx, "transfers", transitionCandidates, now, time.Hour.Seconds(), "", 2000)
+	if read > 2000 {
+		t.Fatalf("reading the facts of 2,000 orders read %.0f transfers of 50,000:\n%s", read, out)
+	}
+}
+
+// insertBulkOrders inserts orders ord_00000001 to ord_%08d(n), each paying
+// its own amount to the shop's address on ethereum, made at now and
+// expiring an hour later; status is an SQL expression of g, the order's
+// number.
+func insertBulkOrders(t *testing.T, db *sqlx.DB, now time.Time, n int, status string) {
+	t.Helper()
+	pgtest.Exec(t, db, insertOrders+`SELECT 'ord_' || lpad(g::text, 8, '0'), 'bulk-' || g, '\x00', 'ethereum', 'USDT', 'c',
+			1000000 + g, 1000000 + g, '0xshop', NULL, `+status+`, $1::timestamptz, $1::timestamptz + interval '1 hour',
+			$1::timestamptz + interval '25 hours', $1::timestamptz, 0, $1::timestamptz
+		FROM generate_series(1, $2::int) g`, now, n)
+}
+
+// rowsRead runs query under EXPLAIN (ANALYZE, FORMAT JSON) in tx and
+// returns how many rows its scans of relation read (the rows an UPDATE of
+// it writes are not counted), with the plan for a failure's message.
+func rowsRead(t *testing.T, tx *sqlx.Tx, relation, query string, args ...any) (float64, string) {
+	t.Helper()
 	var out string
-	if err := tx.Get(&out, `EXPLAIN (ANALYZE, FORMAT JSON) `+transitionCandidates, now, time.Hour.Seconds(), "", 2000); err != nil {
+	if err := tx.Get(&out, `EXPLAIN (ANALYZE, FORMAT JSON) `+query, args...); err != nil {
 		t.Fatal(err)
 	}
 	var plans []struct{ Plan planNode }
@@ -124,7 +119,7 @@ func TestTransitionCandidatesReadOnlyTheirOrdersTransfers(t *testing.T) {
 	var read float64
 	var walk func(n planNode)
 	walk = func(n planNode) {
-		if n.Relation == "transfers" {
+		if n.Relation == relation && n.Operation == "" {
 			read += n.Rows * n.Loops
 		}
 		for _, c := range n.Plans {
@@ -132,9 +127,7 @@ func TestTransitionCandidatesReadOnlyTheirOrdersTransfers(t *testing.T) {
 		}
 	}
 	walk(plans[0].Plan)
-	if read > 2000 {
-		t.Fatalf("reading the facts of 2,000 orders read %.0f transfers of 50,000:\n%s", read, out)
-	}
+	return read, out
 }
 
 // planNode is a node of EXPLAIN (FORMAT JSON).
