@@ -141,8 +141,8 @@ SELECT count(*) FROM moved`, benchBodySize); err != nil || n != benchOrders {
 	})
 	// Each pass is paired with a bare UPDATE run just before it, on a
 	// database seeded the same way: the pair shares the machine's moment.
-	// On this shared machine the bare UPDATE alone took 2.3 s in one run
-	// and 4.4 s in another, the same day. paired-ratio is the median of the
+	// On one shared machine the bare UPDATE alone took 3.4 s in one run
+	// and 4.4 s in another, within the hour. paired-ratio is the median of the
 	// pairs' ratios (of an even count, the greater of the middle two).
 	b.Run("reconciler-pass", func(b *testing.B) {
 		var paired []float64
