@@ -124,6 +124,14 @@ const factsSelect = `l.id AS oid, l.status, l.dispute_reason, l.pay_amount::text
 	(SELECT count(*) FROM order_events e WHERE e.order_id = l.id AND e.type = 'transfer_unmatched') AS detached,
 	(SELECT coalesce(sum(m.amount), 0) FROM mempool_transfers m WHERE m.order_id = l.id AND m.left_at IS NULL)::text AS detected_amount`
 
+// factsTransfers joins the orders l with their transfers as t, for
+// factsSelect. LATERAL: each order's transfers through the order_id
+// index, never a hash of every transfer (which grows with the history).
+// OFFSET 0 keeps the subquery apart: flattened into a join, it was merged
+// with the order_id index read from its first entry, every transfer whose
+// order sorts below the batch's.
+const factsTransfers = `LEFT JOIN LATERAL (SELECT * FROM transfers t WHERE t.order_id = l.id OFFSET 0) t ON true`
+
 const factsGroup = `l.id, l.status, l.dispute_reason, l.pay_amount, l.accepted_amount, l.shared, l.expires_at,
 	l.customer_marked_paid_at, l.network, l.asset`
 
@@ -212,12 +220,7 @@ WITH cand AS (
 )
 SELECT c.id, ` + factsSelect + `
 FROM cand c LEFT JOIN locked l ON l.id = c.id
--- LATERAL: each order's transfers through the order_id index, never a
--- hash of every transfer (which grows with the history). OFFSET 0 keeps
--- the subquery apart: flattened into a join, it was merged with the
--- order_id index read from its first entry, every transfer whose order
--- sorts below the batch's.
-LEFT JOIN LATERAL (SELECT * FROM transfers t WHERE t.order_id = l.id OFFSET 0) t ON true
+` + factsTransfers + `
 GROUP BY c.id, ` + factsGroup + `
 ORDER BY c.id`
 
@@ -227,7 +230,7 @@ var allFacts = `
 SELECT l.id, ` + factsSelect + `
 FROM (SELECT ` + orderFacts + ` FROM orders o WHERE o.status NOT IN ('cancelled', 'refunded') AND o.id > $1
 	ORDER BY o.id LIMIT $2) l
-LEFT JOIN LATERAL (SELECT * FROM transfers t WHERE t.order_id = l.id OFFSET 0) t ON true
+` + factsTransfers + `
 GROUP BY ` + factsGroup + `
 ORDER BY l.id`
 
