@@ -91,6 +91,31 @@ func TestTransitionCandidatesReadOnlyTheirOrdersTransfers(t *testing.T) {
 	}
 }
 
+// TestTransitionCandidatesConsumeOnlyTheirReviews: a batch deletes the
+// reviews of the orders it locked through the order_id index. Joined with
+// the locked orders by hash, it read every review queued (50,000 here,
+// for each of the 25 batches of the pass: a catch-up that queues n reviews
+// cost n²/2,000 rows to consume them).
+func TestTransitionCandidatesConsumeOnlyTheirReviews(t *testing.T) {
+	db := pgtest.New(t)
+	now := time.Now().UTC()
+	insertBulkOrders(t, db, now, 50000, `'confirming'`)
+	pgtest.Exec(t, db, `INSERT INTO order_reviews (order_id, at)
+		SELECT 'ord_' || lpad(g::text, 8, '0'), $1::timestamptz FROM generate_series(1, 50000) g`, now)
+	pgtest.Exec(t, db, `VACUUM ANALYZE`)
+	tx := db.MustBegin()
+	defer tx.Rollback()
+	read, out := rowsRead(t, tx, "order_reviews", transitionCandidates, now, time.Hour.Seconds(), "", 2000)
+	// 2,000 to find the candidates, 2,000 to delete their reviews.
+	if read > 4000 {
+		t.Fatalf("a batch of 2,000 orders read %.0f of 50,000 reviews:\n%s", read, out)
+	}
+	var left int
+	if err := tx.Get(&left, `SELECT count(*) FROM order_reviews`); err != nil || left != 48000 {
+		t.Fatalf("%d reviews left after the batch (%v), want 48,000", left, err)
+	}
+}
+
 // insertBulkOrders inserts orders ord_00000001 to ord_%08d(n), each paying
 // its own amount to the shop's address on ethereum, made at now and
 // expiring an hour later; status is an SQL expression of g, the order's

@@ -104,36 +104,37 @@ SELECT count(*) FROM matched`
 const orderFacts = `o.id, o.status, o.dispute_reason, o.pay_amount, o.accepted_amount, o.unique_k IS NOT NULL AS shared,
 	o.expires_at, o.customer_marked_paid_at, o.network, o.asset`
 
-// factsSelect reads what Decide needs of the orders in l (orderFacts)
-// with their matched transfers joined as t, grouped by order: a transfer
-// counts as confirmed only once the ledger has attributed it (and it is
-// neither provisional nor moved since), so that a settlement moves exactly
-// what the order's account holds. Mempool sightings are counted apart:
-// detected (still in the mempool, or not yet known to be mined; with their
-// sum). Detached counts the payments taken from the order since they were
-// matched (transfer_unmatched on its timeline).
+// factsSelect reads what Decide needs of the orders in l (orderFacts),
+// with the aggregates of factsJoins: a transfer counts as confirmed only
+// once the ledger has attributed it (and it is neither provisional nor
+// moved since), so that a settlement moves exactly what the order's
+// account holds. Mempool sightings are counted apart: detected (still in
+// the mempool, or not yet known to be mined; with their sum). Detached
+// counts the payments taken from the order since they were matched
+// (transfer_unmatched on its timeline).
 const factsSelect = `l.id AS oid, l.status, l.dispute_reason, l.pay_amount::text AS pay_amount,
 	l.accepted_amount::text AS accepted_amount, l.shared, l.expires_at, l.customer_marked_paid_at, l.network, l.asset,
-	count(t.id) FILTER (WHERE t.state <> 'orphaned') AS live,
-	count(t.id) FILTER (WHERE t.state <> 'orphaned' AND NOT (t.state = 'confirmed' AND NOT t.provisional
-		AND NOT t.ledger_dirty AND t.attribution_entry IS NOT NULL)) AS unconfirmed,
-	count(t.id) FILTER (WHERE t.state = 'orphaned') AS orphaned,
-	coalesce(sum(t.amount) FILTER (WHERE t.state <> 'orphaned'), 0)::text AS received,
-	coalesce(bool_or(coalesce(t.block_time, t.first_seen_at) > l.expires_at) FILTER (WHERE t.state <> 'orphaned'), false) AS late,
-	(SELECT count(*) FROM mempool_transfers m WHERE m.order_id = l.id AND m.left_at IS NULL) AS detected,
+	t.live, t.unconfirmed, t.orphaned, t.received::text AS received, t.late, m.detected,
 	(SELECT count(*) FROM order_events e WHERE e.order_id = l.id AND e.type = 'transfer_unmatched') AS detached,
-	(SELECT coalesce(sum(m.amount), 0) FROM mempool_transfers m WHERE m.order_id = l.id AND m.left_at IS NULL)::text AS detected_amount`
+	m.detected_amount::text AS detected_amount`
 
-// factsTransfers joins the orders l with their transfers as t, for
-// factsSelect. LATERAL: each order's transfers through the order_id
-// index, never a hash of every transfer (which grows with the history).
-// OFFSET 0 keeps the subquery apart: flattened into a join, it was merged
-// with the order_id index read from its first entry, every transfer whose
-// order sorts below the batch's.
-const factsTransfers = `LEFT JOIN LATERAL (SELECT * FROM transfers t WHERE t.order_id = l.id OFFSET 0) t ON true`
-
-const factsGroup = `l.id, l.status, l.dispute_reason, l.pay_amount, l.accepted_amount, l.shared, l.expires_at,
-	l.customer_marked_paid_at, l.network, l.asset`
+// factsJoins sums up, for each order of l, its transfers (as t) and its
+// mempool sightings (as m), for factsSelect. Each is an aggregate per
+// order, read through the order_id index: never a hash of every transfer
+// (which grows with the history), never a merge with that index read from
+// its first entry. An aggregate subquery stays apart from the join (a
+// plain one was flattened into it, and merged so).
+const factsJoins = `LEFT JOIN LATERAL (
+	SELECT count(*) FILTER (WHERE t.state <> 'orphaned') AS live,
+		count(*) FILTER (WHERE t.state <> 'orphaned' AND NOT (t.state = 'confirmed' AND NOT t.provisional
+			AND NOT t.ledger_dirty AND t.attribution_entry IS NOT NULL)) AS unconfirmed,
+		count(*) FILTER (WHERE t.state = 'orphaned') AS orphaned,
+		coalesce(sum(t.amount) FILTER (WHERE t.state <> 'orphaned'), 0) AS received,
+		coalesce(bool_or(coalesce(t.block_time, t.first_seen_at) > l.expires_at) FILTER (WHERE t.state <> 'orphaned'), false) AS late
+	FROM transfers t WHERE t.order_id = l.id) t ON true
+LEFT JOIN LATERAL (
+	SELECT count(*) AS detected, coalesce(sum(m.amount), 0) AS detected_amount
+	FROM mempool_transfers m WHERE m.order_id = l.id AND m.left_at IS NULL) m ON true`
 
 // recheckMatches detaches, among the locked transfers a reorg or the
 // scanner changed ($2: orphaned, mined again elsewhere, or a look-up's
@@ -198,6 +199,9 @@ SELECT count(*) FROM detached`
 // reads their facts, all in one statement: one snapshot, so that a change
 // committed after it leaves its review for the next pass. Every candidate
 // is returned (id); those locked come with their facts (oid non-null).
+// Their reviews are deleted through the order_id index (= ANY of an
+// array): as a join with the locked orders, the planner hashed them and
+// read every review queued, for each batch.
 var transitionCandidates = `
 WITH cand AS (
 	SELECT id FROM (
@@ -216,12 +220,11 @@ WITH cand AS (
 	SELECT ` + orderFacts + ` FROM orders o WHERE o.id IN (SELECT id FROM cand)
 	ORDER BY o.id FOR NO KEY UPDATE SKIP LOCKED
 ), consumed AS (
-	DELETE FROM order_reviews r WHERE r.order_id IN (SELECT id FROM locked)
+	DELETE FROM order_reviews r WHERE r.order_id = ANY (ARRAY(SELECT id FROM locked))
 )
 SELECT c.id, ` + factsSelect + `
 FROM cand c LEFT JOIN locked l ON l.id = c.id
-` + factsTransfers + `
-GROUP BY c.id, ` + factsGroup + `
+` + factsJoins + `
 ORDER BY c.id`
 
 // allFacts reads the facts of every order that is not closed for good, by
@@ -230,8 +233,7 @@ var allFacts = `
 SELECT l.id, ` + factsSelect + `
 FROM (SELECT ` + orderFacts + ` FROM orders o WHERE o.status NOT IN ('cancelled', 'refunded') AND o.id > $1
 	ORDER BY o.id LIMIT $2) l
-` + factsTransfers + `
-GROUP BY ` + factsGroup + `
+` + factsJoins + `
 ORDER BY l.id`
 
 // applyTransitions moves orders as decided ($2 ids, $3 from, $4 to, $5
