@@ -7,6 +7,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -144,13 +145,21 @@ SELECT count(*) FROM moved`, benchBodySize); err != nil || n != benchOrders {
 	// On one shared machine the bare UPDATE alone took 3.4 s in one run
 	// and 4.4 s in another, within the hour. paired-ratio is the median of the
 	// pairs' ratios (of an even count, the greater of the middle two).
+	// cpu-ratio is the median of the pairs' ratios of the CPU time the
+	// machine spent busy (Linux: /proc/stat): the work each did, which the
+	// machine's other load sways less than the time it took. go-cpu-share
+	// is the part of a pass's CPU time spent in this process (deciding,
+	// rendering the webhook bodies, the driver), the rest being
+	// PostgreSQL's.
 	b.Run("reconciler-pass", func(b *testing.B) {
-		var paired []float64
+		var paired, cpu, goShare []float64
 		for b.Loop() {
 			b.StopTimer()
 			bareDB, _ := seedMatched(b, benchOrders)
 			bareStart := time.Now()
+			bareCPU := busyCPU()
 			bareUpdate(b, bareDB)
+			bareCPU = busyCPU() - bareCPU
 			bareTook := time.Since(bareStart)
 			bareDB.Close()
 			db, now := seedMatched(b, benchOrders)
@@ -162,6 +171,7 @@ SELECT count(*) FROM moved`, benchBodySize); err != nil || n != benchOrders {
 				Assets: []*paywatch.Asset{{Network: "ethereum", Symbol: "USDT", Contract: "c", Decimals: 6}}}})
 			b.StartTimer()
 			start := time.Now()
+			passCPU, ownCPU := busyCPU(), processCPU()
 			res, err := rec.Pass(context.Background())
 			if err != nil {
 				b.Fatal(err)
@@ -171,6 +181,11 @@ SELECT count(*) FROM moved`, benchBodySize); err != nil || n != benchOrders {
 			}
 			b.StopTimer()
 			paired = append(paired, time.Since(start).Seconds()/bareTook.Seconds())
+			passCPU, ownCPU = busyCPU()-passCPU, processCPU()-ownCPU
+			if passCPU > 0 && bareCPU > 0 {
+				cpu = append(cpu, passCPU/bareCPU)
+				goShare = append(goShare, ownCPU/passCPU)
+			}
 			var body float64
 			if err := db.Get(&body, `SELECT avg(length(body)) FROM webhook_outbox`); err != nil {
 				b.Fatal(err)
@@ -196,8 +211,15 @@ SELECT count(*) FROM moved`, benchBodySize); err != nil || n != benchOrders {
 			b.ReportMetric(float64(time.Since(start).Microseconds())/1000, "idle-pass-vacuumed-ms")
 			b.StartTimer()
 		}
-		slices.Sort(paired)
-		b.ReportMetric(paired[len(paired)/2], "paired-ratio")
+		for _, m := range []struct {
+			name   string
+			series []float64
+		}{{"paired-ratio", paired}, {"cpu-ratio", cpu}, {"go-cpu-share", goShare}} {
+			if len(m.series) > 0 {
+				slices.Sort(m.series)
+				b.ReportMetric(m.series[len(m.series)/2], m.name)
+			}
+		}
 	})
 }
 
@@ -213,3 +235,52 @@ func bareUpdate(b *testing.B, db *sqlx.DB) {
 		b.Fatalf("%d rows", n)
 	}
 }
+
+// busyCPU is the CPU time, in seconds, the machine has spent busy since
+// it started (every state of /proc/stat's first line but idle and iowait),
+// or 0 where there is no /proc/stat.
+func busyCPU() float64 {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	var busy float64
+	for i, f := range strings.Fields(line)[1:] {
+		if i == 3 || i == 4 { // idle, iowait
+			continue
+		}
+		ticks, err := strconv.ParseFloat(f, 64)
+		if err != nil {
+			return 0
+		}
+		busy += ticks
+	}
+	return busy / clockTicks
+}
+
+// processCPU is the CPU time, in seconds, this process has used (user
+// and system, from /proc/self/stat), or 0 where there is none.
+func processCPU() float64 {
+	b, err := os.ReadFile("/proc/self/stat")
+	if err != nil {
+		return 0
+	}
+	// The fields after the command name (which may hold spaces): utime
+	// and stime are the 12th and 13th.
+	_, rest, ok := strings.Cut(string(b), ") ")
+	f := strings.Fields(rest)
+	if !ok || len(f) < 13 {
+		return 0
+	}
+	user, err1 := strconv.ParseFloat(f[11], 64)
+	system, err2 := strconv.ParseFloat(f[12], 64)
+	if err1 != nil || err2 != nil {
+		return 0
+	}
+	return (user + system) / clockTicks
+}
+
+// clockTicks is USER_HZ, the unit of /proc's CPU times: 100 on every
+// Linux architecture Go runs on.
+const clockTicks = 100
