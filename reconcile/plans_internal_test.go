@@ -116,6 +116,78 @@ func TestTransitionCandidatesConsumeOnlyTheirReviews(t *testing.T) {
 	}
 }
 
+// TestTransitionCandidatesCountDetachedPaymentsByProbe: a batch counts
+// each order's detached payments (transfer_unmatched on its timeline)
+// through an index of those events alone, not by fetching every event of
+// each order's timeline to look at its type (10,000 here for 2,000
+// orders of five events each).
+func TestTransitionCandidatesCountDetachedPaymentsByProbe(t *testing.T) {
+	db := pgtest.New(t)
+	now := time.Now().UTC()
+	insertBulkOrders(t, db, now, 2000, `'confirming'`)
+	pgtest.Exec(t, db, `INSERT INTO order_events (order_id, at, type, actor)
+		SELECT 'ord_' || lpad(g::text, 8, '0'), $1::timestamptz, type, 'reconciler'
+		FROM generate_series(1, 2000) g,
+			unnest(ARRAY['created', 'transfer_matched', 'status_changed', 'hint_rejected', 'webhook_redelivered']) AS type`, now)
+	// One order had a payment taken back.
+	pgtest.Exec(t, db, `INSERT INTO order_events (order_id, at, type, actor) VALUES ('ord_00000007', $1, 'transfer_unmatched', 'reconciler')`, now)
+	pgtest.Exec(t, db, `INSERT INTO order_reviews (order_id, at)
+		SELECT 'ord_' || lpad(g::text, 8, '0'), $1::timestamptz FROM generate_series(1, 2000) g`, now)
+	pgtest.Exec(t, db, `VACUUM ANALYZE`)
+	tx := db.MustBegin()
+	defer tx.Rollback()
+	tx.MustExec(`SAVEPOINT read`)
+	var rows []factsRow
+	if err := tx.Select(&rows, transitionCandidates, now, time.Hour.Seconds(), "", 2000); err != nil {
+		t.Fatal(err)
+	}
+	detached := 0
+	for _, r := range rows {
+		detached += r.Detached
+		if r.Detached != 0 && r.ID != "ord_00000007" {
+			t.Fatalf("order %s: %d detached payments, want none", r.ID, r.Detached)
+		}
+	}
+	if len(rows) != 2000 || detached != 1 {
+		t.Fatalf("%d candidates, %d detached payments among them; want 2,000 and 1", len(rows), detached)
+	}
+	tx.MustExec(`ROLLBACK TO SAVEPOINT read`)
+	var out string
+	if err := tx.Get(&out, `EXPLAIN (ANALYZE, FORMAT JSON) `+transitionCandidates, now, time.Hour.Seconds(), "", 2000); err != nil {
+		t.Fatal(err)
+	}
+	var plans []struct{ Plan examinedNode }
+	if err := json.Unmarshal([]byte(out), &plans); err != nil || len(plans) != 1 {
+		t.Fatalf("plan %s: %v", out, err)
+	}
+	if n := plans[0].Plan.examined("order_events"); n > 100 {
+		t.Fatalf("counting the detached payments of 2,000 orders examined %.0f of their 10,001 events:\n%s", n, out)
+	}
+}
+
+// examinedNode is a plan node with the rows its filter removed.
+type examinedNode struct {
+	Relation string         `json:"Relation Name"`
+	Rows     float64        `json:"Actual Rows"`
+	Loops    float64        `json:"Actual Loops"`
+	Removed  float64        `json:"Rows Removed by Filter"`
+	Rechecks float64        `json:"Rows Removed by Index Recheck"`
+	Plans    []examinedNode `json:"Plans"`
+}
+
+// examined is how many rows of relation the scans under n looked at: those
+// they returned and those their filters removed.
+func (n examinedNode) examined(relation string) float64 {
+	var sum float64
+	if n.Relation == relation {
+		sum = (n.Rows + n.Removed + n.Rechecks) * n.Loops
+	}
+	for _, c := range n.Plans {
+		sum += c.examined(relation)
+	}
+	return sum
+}
+
 // insertBulkOrders inserts orders ord_00000001 to ord_%08d(n), each paying
 // its own amount to the shop's address on ethereum, made at now and
 // expiring an hour later; status is an SQL expression of g, the order's
