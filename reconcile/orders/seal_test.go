@@ -22,7 +22,10 @@ func TestEnqueueWritesEachEventsBody(t *testing.T) {
 	db := pgtest.New(t)
 	s, clock := newStore(t, db)
 	ctx := context.Background()
-	a, _, err := s.Create(ctx, req("enq-a", usdt, 5_000_000))
+	// What the shop wrote travels byte for byte, whatever it holds.
+	ra := req("enq-a", usdt, 5_000_000)
+	ra.Metadata = json.RawMessage(`{"note":"tab\there\nline\\back \\N é \u2028 ✓"}`)
+	a, _, err := s.Create(ctx, ra)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,6 +59,11 @@ func TestEnqueueWritesEachEventsBody(t *testing.T) {
 	if len(rows) != len(events) {
 		t.Fatalf("%d events written, want %d", len(rows), len(events))
 	}
+	var stamped int
+	if err := db.Get(&stamped, `SELECT count(*) FROM webhook_outbox WHERE created_at = $1 AND next_attempt_at = $1
+		AND status = 'pending'`, clock.Now()); err != nil || stamped != len(events) {
+		t.Fatalf("%d events made and due at %v, pending (%v); want %d", stamped, clock.Now(), err, len(events))
+	}
 	// Their ids begin with the (wall clock) time they were made: "evt_"
 	// and 9 characters hold its milliseconds but the last 3 bits.
 	lo, hi := paywatch.NewSortableID("evt", before)[:13], paywatch.NewSortableID("evt", time.Now().Add(8*time.Millisecond))[:13]
@@ -75,6 +83,19 @@ func TestEnqueueWritesEachEventsBody(t *testing.T) {
 		}
 		if err := json.Unmarshal(ev.Order, &o); err != nil {
 			t.Fatal(err)
+		}
+		if events[i].OrderID == a.ID {
+			got, err := s.Get(ctx, a.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			view, err := json.Marshal(orders.NewView(got, eth))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(ev.Order) != string(view) {
+				t.Fatalf("event %d carries order\n%s\nwhich the API shows as\n%s", i, ev.Order, view)
+			}
 		}
 		want := map[string]string{a.ID: "awaiting_payment", b.ID: "expired"}[events[i].OrderID]
 		if ev.ID != r.ID || ev.Type != events[i].Type || r.OrderID != events[i].OrderID || o.ID != events[i].OrderID ||
