@@ -110,6 +110,9 @@ func (s *Sealer) render(ctx context.Context, tx *sqlx.Tx, orderIDs []string) (ma
 	return views, nil
 }
 
+// eventEnvelope is about what an event's body adds to its order's view.
+const eventEnvelope = 96
+
 // appendEvent appends the body of a webhook event to dst: what
 // json.Marshal makes of webhook.Event{ID: id, Type: typ, CreatedAt: at in
 // UTC, Order: view}, byte for byte. The view, rendered by json.Marshal
@@ -149,54 +152,54 @@ type Event struct {
 // those orders (the reconciler does, for the events of a batch of
 // transitions): it spares the outbox a second write of every row. A nil
 // Sealer enqueues them unsealed, for Seal or the sender.
-//
-// The rows go in by COPY, a row at a time in the driver's buffer: a
-// statement binding thousands of bodies as one parameter cost the driver
-// a copy of them all, grown from a few hundred bytes, and the server
-// a window over them to cut each out.
 func (s *Sealer) Enqueue(ctx context.Context, tx *sqlx.Tx, at time.Time, events []Event) error {
 	if len(events) == 0 {
 		return nil
 	}
-	var views map[string]json.RawMessage
+	ids, orderIDs, types := make([]string, len(events)), make([]string, len(events)), make([]string, len(events))
+	made := time.Now()
+	for i, e := range events {
+		ids[i], orderIDs[i], types[i] = paywatch.NewSortableID("evt", made), e.OrderID, e.Type
+	}
+	// The bodies travel as one binary parameter and their lengths (-1 for
+	// none): no quoting of thousands of JSON documents into an array.
+	var bodies []byte
+	lengths := make([]int64, len(events))
+	for i := range lengths {
+		lengths[i] = -1
+	}
 	if s != nil {
-		orderIDs := make([]string, len(events))
-		for i, e := range events {
-			orderIDs[i] = e.OrderID
-		}
-		var err error
-		if views, err = s.render(ctx, tx, orderIDs); err != nil {
+		views, err := s.render(ctx, tx, orderIDs)
+		if err != nil {
 			return err
 		}
-	}
-	stmt, err := tx.PrepareContext(ctx, pq.CopyIn("webhook_outbox", "id", "order_id", "type", "created_at", "next_attempt_at", "body"))
-	if err != nil {
-		return fmt.Errorf("enqueue %d webhook events: %w", len(events), err)
-	}
-	defer stmt.Close()
-	made := time.Now()
-	var buf []byte
-	for _, e := range events {
-		id := paywatch.NewSortableID("evt", made)
-		var body any // none: sealed before the transaction commits, or by the sender
-		if views != nil {
+		size := 0
+		for _, v := range views {
+			size += len(v)
+		}
+		bodies = make([]byte, 0, size+len(events)*(eventEnvelope+len(ids[0])))
+		for i, e := range events {
 			view, ok := views[e.OrderID]
 			if !ok {
 				return fmt.Errorf("webhook %s: order %s not found", e.Type, e.OrderID)
 			}
-			if buf, err = appendEvent(buf[:0], id, e.Type, at, view); err != nil {
-				return fmt.Errorf("seal webhook %s: %w", id, err)
+			n := len(bodies)
+			if bodies, err = appendEvent(bodies, ids[i], e.Type, at, view); err != nil {
+				return fmt.Errorf("seal webhook %s: %w", ids[i], err)
 			}
-			body = string(buf)
-		}
-		if _, err := stmt.ExecContext(ctx, id, e.OrderID, e.Type, at, at, body); err != nil {
-			return fmt.Errorf("enqueue webhook %s: %w", id, err)
+			lengths[i] = int64(len(bodies) - n)
 		}
 	}
-	if _, err := stmt.ExecContext(ctx); err != nil {
-		return fmt.Errorf("enqueue %d webhook events: %w", len(events), err)
+	if bodies == nil {
+		bodies = []byte{}
 	}
-	if err := stmt.Close(); err != nil {
+	if _, err := tx.ExecContext(ctx, `INSERT INTO webhook_outbox (id, order_id, type, created_at, next_attempt_at, body)
+		SELECT id, order_id, type, $1, $1,
+			CASE WHEN len >= 0 THEN convert_from(substring($5::bytea FROM (sum(greatest(len, 0)) OVER w - greatest(len, 0) + 1)::int
+				FOR len::int), 'UTF8') END
+		FROM unnest($2::text[], $3::text[], $4::text[], $6::bigint[]) WITH ORDINALITY AS u(id, order_id, type, len, n)
+		WINDOW w AS (ORDER BY n)`,
+		at, pq.Array(ids), pq.Array(orderIDs), pq.Array(types), bodies, pq.Array(lengths)); err != nil {
 		return fmt.Errorf("enqueue %d webhook events: %w", len(events), err)
 	}
 	return nil
