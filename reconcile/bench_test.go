@@ -156,8 +156,9 @@ SELECT count(*) FROM moved`, benchBodySize); err != nil || n != benchOrders {
 	// and 4.4 s in another, within the hour. paired-ratio is the median of the
 	// pairs' ratios (of an even count, the greater of the middle two).
 	// cpu-ratio is the median of the pairs' ratios of the CPU time the
-	// machine spent busy (Linux: /proc/stat): the work each did, which the
-	// machine's other load sways less than the time it took. go-cpu-share
+	// machine spent working (Linux: /proc/stat, see busyCPU): the work
+	// each did, which waiting for a core shared with another virtual
+	// machine does not lengthen as it lengthens the time. go-cpu-share
 	// is the part of a pass's CPU time spent in this process (deciding,
 	// rendering the webhook bodies, the driver), the rest being
 	// PostgreSQL's.
@@ -246,21 +247,24 @@ func bareUpdate(b *testing.B, db *sqlx.DB) {
 	}
 }
 
-// busyCPU is the CPU time, in seconds, the machine has spent busy since
-// it started (every state of /proc/stat's first line but idle and iowait),
-// or 0 where there is no /proc/stat.
+// busyCPU is the CPU time, in seconds, the machine has spent working
+// since it started (/proc/stat's user, nice, system, irq and softirq: not
+// idle or iowait, not time the hypervisor stole, not guests', which user
+// holds already), or 0 where there is no /proc/stat. Every process of the
+// machine counts: nothing else of note runs here during a benchmark.
 func busyCPU() float64 {
 	b, err := os.ReadFile("/proc/stat")
 	if err != nil {
 		return 0
 	}
 	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	if len(f) < 8 || f[0] != "cpu" {
+		return 0
+	}
 	var busy float64
-	for i, f := range strings.Fields(line)[1:] {
-		if i == 3 || i == 4 { // idle, iowait
-			continue
-		}
-		ticks, err := strconv.ParseFloat(f, 64)
+	for _, i := range []int{1, 2, 3, 6, 7} {
+		ticks, err := strconv.ParseFloat(f[i], 64)
 		if err != nil {
 			return 0
 		}
@@ -276,11 +280,14 @@ func processCPU() float64 {
 	if err != nil {
 		return 0
 	}
-	// The fields after the command name (which may hold spaces): utime
-	// and stime are the 12th and 13th.
-	_, rest, ok := strings.Cut(string(b), ") ")
-	f := strings.Fields(rest)
-	if !ok || len(f) < 13 {
+	// The fields after the command name (in parentheses, which may hold
+	// any character): utime and stime are the 12th and 13th.
+	i := strings.LastIndex(string(b), ") ")
+	if i < 0 {
+		return 0
+	}
+	f := strings.Fields(string(b[i+2:]))
+	if len(f) < 13 {
 		return 0
 	}
 	user, err1 := strconv.ParseFloat(f[11], 64)

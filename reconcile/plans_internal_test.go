@@ -92,10 +92,11 @@ func TestTransitionCandidatesReadOnlyTheirOrdersTransfers(t *testing.T) {
 }
 
 // TestTransitionCandidatesConsumeOnlyTheirReviews: a batch deletes the
-// reviews of the orders it locked through the order_id index. Joined with
-// the locked orders by hash, it read every review queued (50,000 here,
-// for each of the 25 batches of the pass: a catch-up that queues n reviews
-// cost n²/2,000 rows to consume them).
+// reviews of the orders it locked, and only theirs, through the order_id
+// index. Joined with the locked orders, the reviews were hashed: every
+// review queued was read (50,000 here, for each of the 25 batches of the
+// pass: a catch-up that queues n reviews cost n²/2,000 rows to consume
+// them).
 func TestTransitionCandidatesConsumeOnlyTheirReviews(t *testing.T) {
 	db := pgtest.New(t)
 	now := time.Now().UTC()
@@ -103,16 +104,30 @@ func TestTransitionCandidatesConsumeOnlyTheirReviews(t *testing.T) {
 	pgtest.Exec(t, db, `INSERT INTO order_reviews (order_id, at)
 		SELECT 'ord_' || lpad(g::text, 8, '0'), $1::timestamptz FROM generate_series(1, 50000) g`, now)
 	pgtest.Exec(t, db, `VACUUM ANALYZE`)
+	// Another transaction holds one of the batch's candidates: its review
+	// waits for the next pass.
+	other := db.MustBegin()
+	defer other.Rollback()
+	other.MustExec(`SELECT 1 FROM orders WHERE id = 'ord_00000100' FOR NO KEY UPDATE`)
 	tx := db.MustBegin()
 	defer tx.Rollback()
 	read, out := rowsRead(t, tx, "order_reviews", transitionCandidates, now, time.Hour.Seconds(), "", 2000)
-	// 2,000 to find the candidates, 2,000 to delete their reviews.
+	// 2,000 to find the candidates, 1,999 to delete the locked ones' reviews.
 	if read > 4000 {
 		t.Fatalf("a batch of 2,000 orders read %.0f of 50,000 reviews:\n%s", read, out)
 	}
-	var left int
-	if err := tx.Get(&left, `SELECT count(*) FROM order_reviews`); err != nil || left != 48000 {
-		t.Fatalf("%d reviews left after the batch (%v), want 48,000", left, err)
+	var left struct {
+		N     int    `db:"n"`
+		First string `db:"first"`
+		Held  bool   `db:"held"`
+	}
+	if err := tx.Get(&left, `SELECT count(*) AS n, min(order_id) AS first,
+		bool_or(order_id = 'ord_00000100') AS held FROM order_reviews`); err != nil {
+		t.Fatal(err)
+	}
+	if left.N != 48001 || left.First != "ord_00000100" || !left.Held {
+		t.Fatalf("after the batch: %d reviews left from %s (the held order's kept: %v); want 48,001 from ord_00000100, kept",
+			left.N, left.First, left.Held)
 	}
 }
 
