@@ -63,19 +63,14 @@ func TestTransitionCandidatesReadOnlyTheirOrdersTransfers(t *testing.T) {
 			1000000 + g, g, '0xb' || g, 'confirmed', 'ord_' || lpad(g::text, 8, '0'), 'amount', $1::timestamptz,
 			$1::timestamptz, $1::timestamptz
 		FROM generate_series(1, 50000) g`, now)
-	pgtest.Exec(t, db, `INSERT INTO order_reviews (order_id, at)
-		SELECT 'ord_' || lpad(g::text, 8, '0'), $1::timestamptz FROM generate_series(48001, 50000) g`, now)
+	queueBulkReviews(t, db, now, 48001, 50000)
 	// As autovacuum leaves a running shop's tables (it also takes the
 	// inserts' turn, at any moment, unless this does).
 	pgtest.Exec(t, db, `VACUUM ANALYZE`)
 	tx := db.MustBegin()
 	defer tx.Rollback()
 	// What the batch reads: each order with its one payment.
-	tx.MustExec(`SAVEPOINT read`)
-	var rows []factsRow
-	if err := tx.Select(&rows, transitionCandidates, now, time.Hour.Seconds(), "", 2000); err != nil {
-		t.Fatal(err)
-	}
+	rows := readCandidates(t, tx, now)
 	if len(rows) != 2000 || rows[0].ID != "ord_00048001" {
 		t.Fatalf("%d candidates from %v, want 2,000 from ord_00048001", len(rows), rows[:min(len(rows), 1)])
 	}
@@ -84,7 +79,6 @@ func TestTransitionCandidatesReadOnlyTheirOrdersTransfers(t *testing.T) {
 			t.Fatalf("order %s: %d live payments, %s received of %v", r.ID, r.Live, r.Received, r.PayAmount)
 		}
 	}
-	tx.MustExec(`ROLLBACK TO SAVEPOINT read`)
 	read, out := rowsRead(t, tx, "transfers", transitionCandidates, now, time.Hour.Seconds(), "", 2000)
 	if read > 2000 {
 		t.Fatalf("reading the facts of 2,000 orders read %.0f transfers of 50,000:\n%s", read, out)
@@ -101,8 +95,7 @@ func TestTransitionCandidatesConsumeOnlyTheirReviews(t *testing.T) {
 	db := pgtest.New(t)
 	now := time.Now().UTC()
 	insertBulkOrders(t, db, now, 50000, `'confirming'`)
-	pgtest.Exec(t, db, `INSERT INTO order_reviews (order_id, at)
-		SELECT 'ord_' || lpad(g::text, 8, '0'), $1::timestamptz FROM generate_series(1, 50000) g`, now)
+	queueBulkReviews(t, db, now, 1, 50000)
 	pgtest.Exec(t, db, `VACUUM ANALYZE`)
 	// Another transaction holds one of the batch's candidates: its review
 	// waits for the next pass.
@@ -146,16 +139,11 @@ func TestTransitionCandidatesCountDetachedPaymentsByProbe(t *testing.T) {
 			unnest(ARRAY['created', 'transfer_matched', 'status_changed', 'hint_rejected', 'webhook_redelivered']) AS type`, now)
 	// One order had a payment taken back.
 	pgtest.Exec(t, db, `INSERT INTO order_events (order_id, at, type, actor) VALUES ('ord_00000007', $1, 'transfer_unmatched', 'reconciler')`, now)
-	pgtest.Exec(t, db, `INSERT INTO order_reviews (order_id, at)
-		SELECT 'ord_' || lpad(g::text, 8, '0'), $1::timestamptz FROM generate_series(1, 2000) g`, now)
+	queueBulkReviews(t, db, now, 1, 2000)
 	pgtest.Exec(t, db, `VACUUM ANALYZE`)
 	tx := db.MustBegin()
 	defer tx.Rollback()
-	tx.MustExec(`SAVEPOINT read`)
-	var rows []factsRow
-	if err := tx.Select(&rows, transitionCandidates, now, time.Hour.Seconds(), "", 2000); err != nil {
-		t.Fatal(err)
-	}
+	rows := readCandidates(t, tx, now)
 	detached := 0
 	for _, r := range rows {
 		detached += r.Detached
@@ -166,7 +154,6 @@ func TestTransitionCandidatesCountDetachedPaymentsByProbe(t *testing.T) {
 	if len(rows) != 2000 || detached != 1 {
 		t.Fatalf("%d candidates, %d detached payments among them; want 2,000 and 1", len(rows), detached)
 	}
-	tx.MustExec(`ROLLBACK TO SAVEPOINT read`)
 	var out string
 	if err := tx.Get(&out, `EXPLAIN (ANALYZE, FORMAT JSON) `+transitionCandidates, now, time.Hour.Seconds(), "", 2000); err != nil {
 		t.Fatal(err)
@@ -201,6 +188,27 @@ func (n examinedNode) examined(relation string) float64 {
 		sum += c.examined(relation)
 	}
 	return sum
+}
+
+// queueBulkReviews queues a review of orders ord_%08d(from) to
+// ord_%08d(to), as the ledger queues them.
+func queueBulkReviews(t *testing.T, db *sqlx.DB, now time.Time, from, to int) {
+	t.Helper()
+	pgtest.Exec(t, db, `INSERT INTO order_reviews (order_id, at)
+		SELECT 'ord_' || lpad(g::text, 8, '0'), $1::timestamptz FROM generate_series($2::int, $3::int) g`, now, from, to)
+}
+
+// readCandidates reads a batch of 2,000 transition candidates in tx, then
+// undoes what reading them did (their locks, their reviews consumed).
+func readCandidates(t *testing.T, tx *sqlx.Tx, now time.Time) []factsRow {
+	t.Helper()
+	tx.MustExec(`SAVEPOINT read`)
+	var rows []factsRow
+	if err := tx.Select(&rows, transitionCandidates, now, time.Hour.Seconds(), "", 2000); err != nil {
+		t.Fatal(err)
+	}
+	tx.MustExec(`ROLLBACK TO SAVEPOINT read`)
+	return rows
 }
 
 // insertBulkOrders inserts orders ord_00000001 to ord_%08d(n), each paying
