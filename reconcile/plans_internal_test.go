@@ -154,40 +154,10 @@ func TestTransitionCandidatesCountDetachedPaymentsByProbe(t *testing.T) {
 	if len(rows) != 2000 || detached != 1 {
 		t.Fatalf("%d candidates, %d detached payments among them; want 2,000 and 1", len(rows), detached)
 	}
-	var out string
-	if err := tx.Get(&out, `EXPLAIN (ANALYZE, FORMAT JSON) `+transitionCandidates, now, time.Hour.Seconds(), "", 2000); err != nil {
-		t.Fatal(err)
-	}
-	var plans []struct{ Plan examinedNode }
-	if err := json.Unmarshal([]byte(out), &plans); err != nil || len(plans) != 1 {
-		t.Fatalf("plan %s: %v", out, err)
-	}
-	if n := plans[0].Plan.examined("order_events"); n > 100 {
+	plan, out := explainAnalyze(t, tx, transitionCandidates, now, time.Hour.Seconds(), "", 2000)
+	if n := plan.examined("order_events"); n > 100 {
 		t.Fatalf("counting the detached payments of 2,000 orders examined %.0f of their 10,001 events:\n%s", n, out)
 	}
-}
-
-// examinedNode is a plan node with the rows its filter removed.
-type examinedNode struct {
-	Relation string         `json:"Relation Name"`
-	Rows     float64        `json:"Actual Rows"`
-	Loops    float64        `json:"Actual Loops"`
-	Removed  float64        `json:"Rows Removed by Filter"`
-	Rechecks float64        `json:"Rows Removed by Index Recheck"`
-	Plans    []examinedNode `json:"Plans"`
-}
-
-// examined is how many rows of relation the scans under n looked at: those
-// they returned and those their filters removed.
-func (n examinedNode) examined(relation string) float64 {
-	var sum float64
-	if n.Relation == relation {
-		sum = (n.Rows + n.Removed + n.Rechecks) * n.Loops
-	}
-	for _, c := range n.Plans {
-		sum += c.examined(relation)
-	}
-	return sum
 }
 
 // queueBulkReviews queues a review of orders ord_%08d(from) to
@@ -228,6 +198,19 @@ func insertBulkOrders(t *testing.T, db *sqlx.DB, now time.Time, n int, status st
 // it writes are not counted), with the plan for a failure's message.
 func rowsRead(t *testing.T, tx *sqlx.Tx, relation, query string, args ...any) (float64, string) {
 	t.Helper()
+	plan, out := explainAnalyze(t, tx, query, args...)
+	return plan.sum(relation, func(n planNode) float64 {
+		if n.Operation != "" {
+			return 0
+		}
+		return n.Rows
+	}), out
+}
+
+// explainAnalyze runs query under EXPLAIN (ANALYZE, FORMAT JSON) in tx and
+// returns its plan, and the plan as text for a failure's message.
+func explainAnalyze(t *testing.T, tx *sqlx.Tx, query string, args ...any) (planNode, string) {
+	t.Helper()
 	var out string
 	if err := tx.Get(&out, `EXPLAIN (ANALYZE, FORMAT JSON) `+query, args...); err != nil {
 		t.Fatal(err)
@@ -236,18 +219,7 @@ func rowsRead(t *testing.T, tx *sqlx.Tx, relation, query string, args ...any) (f
 	if err := json.Unmarshal([]byte(out), &plans); err != nil || len(plans) != 1 {
 		t.Fatalf("plan %s: %v", out, err)
 	}
-	var read float64
-	var walk func(n planNode)
-	walk = func(n planNode) {
-		if n.Relation == relation && n.Operation == "" {
-			read += n.Rows * n.Loops
-		}
-		for _, c := range n.Plans {
-			walk(c)
-		}
-	}
-	walk(plans[0].Plan)
-	return read, out
+	return plans[0].Plan, out
 }
 
 // planNode is a node of EXPLAIN (FORMAT JSON).
@@ -256,7 +228,28 @@ type planNode struct {
 	Operation string     `json:"Operation"` // set on the Update node itself
 	Rows      float64    `json:"Actual Rows"`
 	Loops     float64    `json:"Actual Loops"`
+	Removed   float64    `json:"Rows Removed by Filter"`
+	Rechecked float64    `json:"Rows Removed by Index Recheck"`
 	Plans     []planNode `json:"Plans"`
+}
+
+// sum adds up rows(node) × its loops over the nodes under n (n too) that
+// scan relation: rows is per loop, as EXPLAIN gives its counts.
+func (n planNode) sum(relation string, rows func(planNode) float64) float64 {
+	var total float64
+	if n.Relation == relation {
+		total = rows(n) * n.Loops
+	}
+	for _, c := range n.Plans {
+		total += c.sum(relation, rows)
+	}
+	return total
+}
+
+// examined is how many rows of relation the scans under n looked at: those
+// they returned and those their filters removed.
+func (n planNode) examined(relation string) float64 {
+	return n.sum(relation, func(n planNode) float64 { return n.Rows + n.Removed + n.Rechecked })
 }
 
 // The mempool step pairs open sightings with open orders: what it reads
