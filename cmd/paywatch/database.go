@@ -20,6 +20,7 @@ import (
 // the server answers but the database does not exist yet, and applies
 // pending migrations.
 func openDatabase(ctx context.Context, log *slog.Logger, dsn string) (*sqlx.DB, error) {
+	dsn = named(dsn, "paywatch")
 	db, err := migrations.Open(ctx, dsn)
 	var pqErr *pq.Error
 	if errors.As(err, &pqErr) && pqErr.Code == "3D000" { // invalid_catalog_name
@@ -76,5 +77,36 @@ func redact(dsn string) string {
 	if _, ok := u.User.Password(); ok {
 		u.User = url.UserPassword(u.User.Username(), "xxxxx")
 	}
+	return u.String()
+}
+
+// openPool opens another pool of at most conns connections to the
+// (migrated) database. name, sent as the sessions' application_name when
+// the URL gives none, tells in pg_stat_activity which part of paywatch
+// holds a connection.
+func openPool(ctx context.Context, dsn, name string, conns int) (*sqlx.DB, error) {
+	dsn = named(dsn, name)
+	db, err := migrations.Open(ctx, dsn)
+	if err != nil {
+		return nil, fmt.Errorf("connect to %s: %w", redact(dsn), err)
+	}
+	db.SetMaxOpenConns(conns)
+	db.SetMaxIdleConns(conns)
+	return db, nil
+}
+
+// named gives a postgres:// URL's sessions an application_name, unless
+// it sets one.
+func named(dsn, name string) string {
+	u, err := url.Parse(dsn)
+	if err != nil || u.Scheme == "" {
+		return dsn
+	}
+	q := u.Query()
+	if q.Get("application_name") != "" {
+		return dsn
+	}
+	q.Set("application_name", name)
+	u.RawQuery = q.Encode()
 	return u.String()
 }

@@ -105,6 +105,8 @@ type daemon struct {
 	log *slog.Logger
 	cfg *config.Config
 	db  *sqlx.DB
+	// apiDB is the API requests' pool (database_api_conns).
+	apiDB *sqlx.DB
 	// control holds the leases' connections and serves probes and metrics.
 	control  *sqlx.DB
 	listener net.Listener
@@ -150,10 +152,26 @@ func newDaemon(ctx context.Context, log *slog.Logger, cfg *config.Config) (*daem
 	sealer := orders.NewSealer(cfg.Networks)
 	store := orders.NewStore(db, cfg.Orders.MonitoringWindow, wallets)
 	store.Sealer = sealer
-	// The pool's connections open before the API listens: the first
-	// requests after a start do not queue while they open.
+	// The API's requests share a pool of their own, sized for the cores
+	// (database_api_conns): the reconciler's passes, the scanners' commits
+	// and the webhook sender keep the main pool, and a burst of requests
+	// runs as many statements at once as the database can, the rest
+	// waiting their turn for a connection.
+	apiConns := cfg.DatabaseAPIConns
+	if apiConns <= 0 { // a Config built without Parse
+		apiConns = config.DefaultDatabaseAPIConns()
+	}
+	apiDB, err := openPool(ctx, cfg.DatabaseURL, "paywatch-api", apiConns)
+	if err != nil {
+		db.Close()
+		return nil, err
+	}
+	apiStore := orders.NewStore(apiDB, cfg.Orders.MonitoringWindow, wallets)
+	apiStore.Sealer = sealer
+	// Its connections open before the API listens: the first requests
+	// after a start do not queue while they open.
 	warmCtx, cancelWarm := context.WithTimeout(ctx, 10*time.Second)
-	if err := store.Warm(warmCtx, migrations.MaxOpenConns); err != nil {
+	if err := apiStore.Warm(warmCtx, apiConns); err != nil {
 		log.Warn("could not open the database connections ahead of requests", "err", err)
 	}
 	cancelWarm()
@@ -164,28 +182,29 @@ func newDaemon(ctx context.Context, log *slog.Logger, cfg *config.Config) (*daem
 	runner := reconcile.NewRunner(rec, cfg.ReconcilerSchedule, cfg.DatabaseURL, scan.NotifyChannel, log)
 	changes := orders.NewChanges(cfg.DatabaseURL, log)
 	// Leases, probes and metrics get connections of their own: a burst of
-	// API requests, which may take every connection of the main pool,
-	// never holds them up (and leases, which keep a connection while
-	// held, take none from it).
-	control, err := migrations.Open(ctx, cfg.DatabaseURL)
+	// API requests never holds them up (and leases, which keep a
+	// connection while held, take none from the other pools).
+	control, err := openPool(ctx, cfg.DatabaseURL, "paywatch-control", controlConns(cfg))
 	if err != nil {
 		db.Close()
-		return nil, fmt.Errorf("connect to the database: %w", err)
+		apiDB.Close()
+		return nil, err
 	}
-	control.SetMaxOpenConns(controlConns(cfg))
-	control.SetMaxIdleConns(controlConns(cfg))
 	m := metrics.New(control, log)
 	runner.Observe = m.Pass
-	op := reconcile.NewOperator(db)
+	op := reconcile.NewOperator(apiDB)
 	op.Sealer = sealer
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		db.Close()
+		apiDB.Close()
 		control.Close()
 		return nil, fmt.Errorf("listen on %s: %w", cfg.Listen, err)
 	}
-	apiServer := api.New(cfg, api.Deps{Orders: store, Chains: scans, Operator: op,
-		Ledger: ledger.NewBook(db), Webhooks: outbox.NewStore(db), Changes: changes, Nudge: runner.Nudge, Probes: scan.NewStore(control),
+	apiChains := scan.NewStore(apiDB)
+	apiChains.Log = log
+	apiServer := api.New(cfg, api.Deps{Orders: apiStore, Chains: apiChains, Operator: op,
+		Ledger: ledger.NewBook(apiDB), Webhooks: outbox.NewStore(apiDB), Changes: changes, Nudge: runner.Nudge, Probes: scan.NewStore(control),
 		Metrics: m.Handler(), Schema: schemaVersion(control)}, log)
 	trace := m.Trace()
 	srv := &http.Server{
@@ -200,7 +219,7 @@ func newDaemon(ctx context.Context, log *slog.Logger, cfg *config.Config) (*daem
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 	srv.RegisterOnShutdown(apiServer.Drain)
-	d := &daemon{log: log, cfg: cfg, db: db, control: control, listener: ln, http: srv, store: store, reconciler: runner, changes: changes,
+	d := &daemon{log: log, cfg: cfg, db: db, apiDB: apiDB, control: control, listener: ln, http: srv, store: store, reconciler: runner, changes: changes,
 		drainTimeout: shutdownTimeout, trace: trace}
 	if cfg.WebhookURL != "" {
 		d.sender = newSender(db, log, cfg)
@@ -310,6 +329,7 @@ func (d *daemon) Close() {
 	}
 	d.listener.Close()
 	d.db.Close()
+	d.apiDB.Close()
 	d.control.Close()
 }
 

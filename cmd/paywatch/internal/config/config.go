@@ -45,8 +45,12 @@ type Orders struct {
 type Config struct {
 	Listen      string
 	DatabaseURL string
-	APIKeys     []APIKey
-	Orders      Orders
+	// DatabaseAPIConns bounds the connections the API's requests share
+	// (the reconciler, the scanners and the webhook sender have a pool of
+	// their own).
+	DatabaseAPIConns int
+	APIKeys          []APIKey
+	Orders           Orders
 	// ReconcilerSchedule is a robfig/cron spec.
 	ReconcilerSchedule string
 	WebhookURL         string

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -89,6 +90,13 @@ func TestMinimalConfigDefaults(t *testing.T) {
 		cfg.WebhookMaxRetryAge != 72*time.Hour {
 		t.Fatalf("defaults: orders %+v, webhooks max_retry_age %s", cfg.Orders, cfg.WebhookMaxRetryAge)
 	}
+	// The API's pool: twice the cores, at least 4; as set when set.
+	if want := max(4, 2*runtime.GOMAXPROCS(0)); cfg.DatabaseAPIConns != want || DefaultDatabaseAPIConns() != want {
+		t.Fatalf("database_api_conns defaults to %d, want %d", cfg.DatabaseAPIConns, want)
+	}
+	if set, err := Parse([]byte(strings.Replace(base, "networks:", "database_api_conns: 3\nnetworks:", 1)), getenv); err != nil || set.DatabaseAPIConns != 3 {
+		t.Fatalf("database_api_conns: 3 gave %v (%v)", set, err)
+	}
 	if usdt := n.Asset("USDT"); usdt.SkipBalanceCheck {
 		t.Fatal("verify_balance defaults to false")
 	}
@@ -146,6 +154,9 @@ func TestConfigErrors(t *testing.T) {
 		{"two roles, one key", "key_env: PAYWATCH_STOREFRONT_KEY}", "key_env: PAYWATCH_STOREFRONT_KEY}\n  - {name: ops, role: operator, key_env: PAYWATCH_STOREFRONT_KEY}", "", "the same as another key's"},
 		{"bitcoin without chain", "networks:\n", "networks:\n  - {name: btc, family: bitcoin, rpc_urls: [\"http://127.0.0.1:18443\"], assets: [{symbol: BTC, native: true, decimals: 8, receive: {addresses: [\"bcrt1qw508d6qejxtdg4y5r3zarvary0c5xw7kygt080\"]}}]}\n", "", "chain"},
 		{"max_retry_age under a minute", "networks:", "webhooks: {max_retry_age: 30s}\nnetworks:", "", "max_retry_age 30s must be at least 1m"},
+		{"negative api pool", "networks:", "database_api_conns: -1\nnetworks:", "", "database_api_conns -1 must be between 1 and 1000"},
+		{"api pool too large", "networks:", "database_api_conns: 1001\nnetworks:", "", "database_api_conns 1001 must be between 1 and 1000"},
+		{"api pool not a number", "networks:", "database_api_conns: many\nnetworks:", "", "cannot unmarshal !!str `many` into int"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

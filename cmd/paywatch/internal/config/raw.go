@@ -11,13 +11,14 @@ import (
 // The raw* types mirror the YAML document key for key.
 
 type rawConfig struct {
-	Listen         string        `yaml:"listen"`
-	DatabaseURLEnv string        `yaml:"database_url_env"`
-	APIKeys        []rawAPIKey   `yaml:"api_keys"`
-	Orders         rawOrders     `yaml:"orders"`
-	Reconciler     rawReconciler `yaml:"reconciler"`
-	Webhooks       rawWebhooks   `yaml:"webhooks"`
-	Networks       []rawNetwork  `yaml:"networks"`
+	Listen           string        `yaml:"listen"`
+	DatabaseURLEnv   string        `yaml:"database_url_env"`
+	DatabaseAPIConns int           `yaml:"database_api_conns"`
+	APIKeys          []rawAPIKey   `yaml:"api_keys"`
+	Orders           rawOrders     `yaml:"orders"`
+	Reconciler       rawReconciler `yaml:"reconciler"`
+	Webhooks         rawWebhooks   `yaml:"webhooks"`
+	Networks         []rawNetwork  `yaml:"networks"`
 }
 
 type rawAPIKey struct {

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/url"
 	"regexp"
+	"runtime"
 	"time"
 
 	"github.com/robfig/cron/v3"
@@ -31,7 +32,20 @@ const (
 	DefaultGapLimit = 20
 	// DefaultWebhookMaxRetryAge is how long a webhook is retried.
 	DefaultWebhookMaxRetryAge = 72 * time.Hour
+	// MinDatabaseAPIConns is the least database_api_conns defaults to;
+	// MaxDatabaseAPIConns the most it may be set to.
+	MinDatabaseAPIConns = 4
+	MaxDatabaseAPIConns = 1000
 )
+
+// DefaultDatabaseAPIConns is the pool the API's requests share when the
+// file gives none: twice the cores this process may use, and at least
+// MinDatabaseAPIConns. A request's statements take PostgreSQL well under
+// a millisecond each; more of them at once than the cores can run only
+// wait in the operating system's run queue, where the slowest wait a
+// whole time slice, while a request that waits for a connection in the
+// pool waits its turn, in order.
+func DefaultDatabaseAPIConns() int { return max(MinDatabaseAPIConns, 2*runtime.GOMAXPROCS(0)) }
 
 var (
 	namePattern   = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
@@ -93,6 +107,12 @@ func (v *validator) config(raw *rawConfig) *Config {
 		v.fail("listen", "%q is not host:port", cfg.Listen)
 	}
 	cfg.DatabaseURL = v.secret("", "database_url_env", raw.DatabaseURLEnv, true)
+	switch cfg.DatabaseAPIConns = raw.DatabaseAPIConns; {
+	case cfg.DatabaseAPIConns == 0:
+		cfg.DatabaseAPIConns = DefaultDatabaseAPIConns()
+	case cfg.DatabaseAPIConns < 0 || cfg.DatabaseAPIConns > MaxDatabaseAPIConns:
+		v.fail("", "database_api_conns %d must be between 1 and %d", cfg.DatabaseAPIConns, MaxDatabaseAPIConns)
+	}
 
 	o := cfg.Orders
 	for _, d := range []struct {
