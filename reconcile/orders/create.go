@@ -155,6 +155,7 @@ func (s *Store) insert(ctx context.Context, req *CreateRequest, hash []byte) (st
 			waitFor = busy[wait]
 		}
 		id, err := s.insertOnce(ctx, req, hash, waitFor)
+		s.prepareMissed(ctx) // outside the transaction
 		var b busyError
 		switch {
 		case errors.Is(err, errSlotTaken):
@@ -326,7 +327,11 @@ func lockIdentity(ctx context.Context, tx preparedTx, req *CreateRequest) error 
 // preparedTx runs a creation's slot statements in its transaction, each
 // prepared once per pooled connection (Store.statement): they are planned
 // on every creation otherwise, which was a third of the database's time
-// for one.
+// for one. A statement not prepared yet runs as it is, and is prepared
+// once the transaction is over (Store.prepareMissed): a creation holds its
+// transaction's connection, and one that waited for another connection to
+// prepare on would wait forever once every connection of the pool was
+// held by a creation doing the same.
 type preparedTx struct {
 	tx *sqlx.Tx
 	s  *Store
@@ -335,31 +340,70 @@ type preparedTx struct {
 func (s *Store) prepared(tx *sqlx.Tx) preparedTx { return preparedTx{tx: tx, s: s} }
 
 func (p preparedTx) GetContext(ctx context.Context, dest any, query string, args ...any) error {
-	stmt, err := p.s.statement(ctx, query)
-	if err != nil {
-		return err
+	if stmt := p.s.cached(query); stmt != nil {
+		return p.tx.StmtxContext(ctx, stmt).GetContext(ctx, dest, args...)
 	}
-	return p.tx.StmtxContext(ctx, stmt).GetContext(ctx, dest, args...)
+	return p.tx.GetContext(ctx, dest, query, args...)
 }
 
 func (p preparedTx) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
-	stmt, err := p.s.statement(ctx, query)
-	if err != nil {
-		return nil, err
+	if stmt := p.s.cached(query); stmt != nil {
+		return p.tx.StmtxContext(ctx, stmt).ExecContext(ctx, args...)
 	}
-	return p.tx.StmtxContext(ctx, stmt).ExecContext(ctx, args...)
+	return p.tx.ExecContext(ctx, query, args...)
 }
 
-// statement returns query prepared on the store's database, once.
-func (s *Store) statement(ctx context.Context, query string) (*sqlx.Stmt, error) {
+// cached returns query as prepared on the store's database, or nil when
+// it is not yet, noting it for prepareMissed.
+func (s *Store) cached(query string) *sqlx.Stmt {
 	s.stmtMu.Lock()
 	defer s.stmtMu.Unlock()
-	if stmt, ok := s.stmts[query]; ok {
+	stmt := s.stmts[query]
+	if stmt == nil {
+		if s.missed == nil {
+			s.missed = map[string]bool{}
+		}
+		s.missed[query] = true
+	}
+	return stmt
+}
+
+// prepareMissed prepares the statements cached found missing. It takes a
+// connection of the pool: never call it holding one (in a transaction).
+func (s *Store) prepareMissed(ctx context.Context) {
+	s.stmtMu.Lock()
+	var queries []string
+	for q := range s.missed {
+		queries = append(queries, q)
+	}
+	clear(s.missed)
+	s.stmtMu.Unlock()
+	for _, q := range queries {
+		if _, err := s.statement(ctx, q); err != nil {
+			return // the next use notes it missing again
+		}
+	}
+}
+
+// statement returns query prepared on the store's database, preparing it
+// first if it is not yet. Preparing takes a connection of the pool: never
+// call it holding one (in a transaction), and no lock is held meanwhile.
+func (s *Store) statement(ctx context.Context, query string) (*sqlx.Stmt, error) {
+	s.stmtMu.Lock()
+	stmt := s.stmts[query]
+	s.stmtMu.Unlock()
+	if stmt != nil {
 		return stmt, nil
 	}
 	stmt, err := s.db.PreparexContext(ctx, query)
 	if err != nil {
 		return nil, fmt.Errorf("prepare: %w", err)
+	}
+	s.stmtMu.Lock()
+	defer s.stmtMu.Unlock()
+	if prior := s.stmts[query]; prior != nil {
+		stmt.Close() // prepared meanwhile by another request
+		return prior, nil
 	}
 	if s.stmts == nil {
 		s.stmts = map[string]*sqlx.Stmt{}

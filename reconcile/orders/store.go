@@ -46,8 +46,10 @@ type Store struct {
 
 	stmtMu sync.Mutex
 	// stmts are the statements prepared once (statement), by their text:
-	// the reads of Get, the creations' slot statements.
-	stmts map[string]*sqlx.Stmt
+	// the reads of Get, the creations' slot statements; missed those a
+	// creation's transaction ran unprepared (preparedTx).
+	stmts  map[string]*sqlx.Stmt
+	missed map[string]bool
 }
 
 func (s *Store) rand(n int) (int, error) {
