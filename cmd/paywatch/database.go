@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
+	"regexp"
 	"strings"
 	"time"
 
@@ -68,17 +69,27 @@ func createDatabase(ctx context.Context, dsn string) error {
 	return nil
 }
 
-// redact hides the password of a database URL.
+// redact hides the password of a database URL (in its user part or its
+// query) or of a key=value DSN.
 func redact(dsn string) string {
 	u, err := url.Parse(dsn)
-	if err != nil || u.User == nil {
-		return dsn
+	if err != nil || u.Scheme == "" {
+		return dsnPassword.ReplaceAllString(dsn, "${1}xxxxx")
 	}
-	if _, ok := u.User.Password(); ok {
-		u.User = url.UserPassword(u.User.Username(), "xxxxx")
+	if u.User != nil {
+		if _, ok := u.User.Password(); ok {
+			u.User = url.UserPassword(u.User.Username(), "xxxxx")
+		}
+	}
+	if q := u.Query(); q.Has("password") {
+		q.Set("password", "xxxxx")
+		u.RawQuery = q.Encode()
 	}
 	return u.String()
 }
+
+// dsnPassword finds the password of a key=value DSN, quoted or not.
+var dsnPassword = regexp.MustCompile(`(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)`)
 
 // openPool opens another pool of at most conns connections to the
 // (migrated) database. name, sent as the sessions' application_name when
@@ -95,18 +106,21 @@ func openPool(ctx context.Context, dsn, name string, conns int) (*sqlx.DB, error
 	return db, nil
 }
 
-// named gives a postgres:// URL's sessions an application_name, unless
-// it sets one.
+// named gives the sessions of a database URL or key=value DSN a
+// fallback_application_name: the name shows in pg_stat_activity unless the
+// URL sets application_name or PGAPPNAME does.
 func named(dsn, name string) string {
-	u, err := url.Parse(dsn)
-	if err != nil || u.Scheme == "" {
+	if u, err := url.Parse(dsn); err == nil && u.Scheme != "" {
+		q := u.Query()
+		if q.Get("fallback_application_name") != "" {
+			return dsn
+		}
+		q.Set("fallback_application_name", name)
+		u.RawQuery = q.Encode()
+		return u.String()
+	}
+	if strings.Contains(dsn, "fallback_application_name=") {
 		return dsn
 	}
-	q := u.Query()
-	if q.Get("application_name") != "" {
-		return dsn
-	}
-	q.Set("application_name", name)
-	u.RawQuery = q.Encode()
-	return u.String()
+	return strings.TrimSpace(dsn) + " fallback_application_name=" + name
 }

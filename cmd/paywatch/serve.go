@@ -156,7 +156,7 @@ func newDaemon(ctx context.Context, log *slog.Logger, cfg *config.Config) (*daem
 	// (database_api_conns): the reconciler's passes, the scanners' commits
 	// and the webhook sender keep the main pool, and a burst of requests
 	// runs as many statements at once as the database can, the rest
-	// waiting their turn for a connection.
+	// waiting in the pool for a connection.
 	apiConns := cfg.DatabaseAPIConns
 	if apiConns <= 0 { // a Config built without Parse
 		apiConns = config.DefaultDatabaseAPIConns()
@@ -168,6 +168,8 @@ func newDaemon(ctx context.Context, log *slog.Logger, cfg *config.Config) (*daem
 	}
 	apiStore := orders.NewStore(apiDB, cfg.Orders.MonitoringWindow, wallets)
 	apiStore.Sealer = sealer
+	// A burst of creations leaves a connection to the other requests.
+	apiStore.LimitCreations(apiConns - 1)
 	// Its connections open before the API listens: the first requests
 	// after a start do not queue while they open.
 	warmCtx, cancelWarm := context.WithTimeout(ctx, 10*time.Second)
@@ -179,8 +181,8 @@ func newDaemon(ctx context.Context, log *slog.Logger, cfg *config.Config) (*daem
 	scans.Log = log
 	rec := newReconciler(db, log, cfg)
 	rec.Record = scans.Record
-	runner := reconcile.NewRunner(rec, cfg.ReconcilerSchedule, cfg.DatabaseURL, scan.NotifyChannel, log)
-	changes := orders.NewChanges(cfg.DatabaseURL, log)
+	runner := reconcile.NewRunner(rec, cfg.ReconcilerSchedule, named(cfg.DatabaseURL, "paywatch"), scan.NotifyChannel, log)
+	changes := orders.NewChanges(named(cfg.DatabaseURL, "paywatch"), log)
 	// Leases, probes and metrics get connections of their own: a burst of
 	// API requests never holds them up (and leases, which keep a
 	// connection while held, take none from the other pools).

@@ -135,3 +135,16 @@ func TestCreationsTakeTurns(t *testing.T) {
 		t.Fatalf("created in the order %v, want first, second, third", order)
 	}
 }
+
+// LimitCreations bounds the creations in the database at once: at least
+// one, at most maxCreating (serve gives the API pool's size less one, so
+// that a burst of creations leaves a connection to the reads).
+func TestLimitCreations(t *testing.T) {
+	s := NewStore(nil, time.Hour, nil)
+	for _, c := range []struct{ n, want int }{{3, 3}, {0, 1}, {-2, 1}, {maxCreating + 5, maxCreating}} {
+		s.LimitCreations(c.n)
+		if got := cap(s.creating); got != c.want {
+			t.Errorf("LimitCreations(%d): %d at once, want %d", c.n, got, c.want)
+		}
+	}
+}

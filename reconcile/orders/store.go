@@ -73,5 +73,11 @@ func NewStore(db *sqlx.DB, monitoringWindow time.Duration, addresses AddressBook
 		creating: make(chan struct{}, maxCreating)}
 }
 
+// LimitCreations lowers how many creations the store runs in the database
+// at once to n (at least 1, at most maxCreating): each holds a connection
+// of the pool for its transaction, and a pool of few connections keeps
+// some for the reads. Call it before the store is used.
+func (s *Store) LimitCreations(n int) { s.creating = make(chan struct{}, max(1, min(n, maxCreating))) }
+
 // now returns the clock's time in the precision PostgreSQL keeps.
 func (s *Store) now() time.Time { return s.Now().UTC().Truncate(time.Microsecond) }

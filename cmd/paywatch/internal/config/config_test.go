@@ -154,9 +154,11 @@ func TestConfigErrors(t *testing.T) {
 		{"two roles, one key", "key_env: PAYWATCH_STOREFRONT_KEY}", "key_env: PAYWATCH_STOREFRONT_KEY}\n  - {name: ops, role: operator, key_env: PAYWATCH_STOREFRONT_KEY}", "", "the same as another key's"},
 		{"bitcoin without chain", "networks:\n", "networks:\n  - {name: btc, family: bitcoin, rpc_urls: [\"http://127.0.0.1:18443\"], assets: [{symbol: BTC, native: true, decimals: 8, receive: {addresses: [\"bcrt1qw508d6qejxtdg4y5r3zarvary0c5xw7kygt080\"]}}]}\n", "", "chain"},
 		{"max_retry_age under a minute", "networks:", "webhooks: {max_retry_age: 30s}\nnetworks:", "", "max_retry_age 30s must be at least 1m"},
-		{"negative api pool", "networks:", "database_api_conns: -1\nnetworks:", "", "database_api_conns -1 must be between 1 and 1000"},
-		{"api pool too large", "networks:", "database_api_conns: 1001\nnetworks:", "", "database_api_conns 1001 must be between 1 and 1000"},
-		{"api pool not a number", "networks:", "database_api_conns: many\nnetworks:", "", "cannot unmarshal !!str `many` into int"},
+		{"negative api pool", "networks:", "database_api_conns: -1\nnetworks:", "", "database_api_conns -1 must be between 1 and 200"},
+		{"api pool of none", "networks:", "database_api_conns: 0\nnetworks:", "", "database_api_conns 0 must be between 1 and 200"},
+		{"api pool too large", "networks:", "database_api_conns: 201\nnetworks:", "", "database_api_conns 201 must be between 1 and 200"},
+		{"api pool not a number", "networks:", "database_api_conns: many\nnetworks:", "", `line 5: "many" is not a whole number`},
+		{"api pool a fraction", "networks:", "database_api_conns: 7.9\nnetworks:", "", `line 5: "7.9" is not a whole number`},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

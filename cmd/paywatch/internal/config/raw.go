@@ -13,7 +13,7 @@ import (
 type rawConfig struct {
 	Listen           string        `yaml:"listen"`
 	DatabaseURLEnv   string        `yaml:"database_url_env"`
-	DatabaseAPIConns int           `yaml:"database_api_conns"`
+	DatabaseAPIConns rawCount      `yaml:"database_api_conns"`
 	APIKeys          []rawAPIKey   `yaml:"api_keys"`
 	Orders           rawOrders     `yaml:"orders"`
 	Reconciler       rawReconciler `yaml:"reconciler"`
@@ -162,5 +162,21 @@ func (s *rawStartBlock) UnmarshalYAML(node *yaml.Node) error {
 		return fmt.Errorf("line %d: start_block must be a block number or \"latest\", not %q", node.Line, node.Value)
 	}
 	s.number = n
+	return nil
+}
+
+// rawCount is a whole number given in the file: a fraction is refused, not
+// cut to its integer part, and set tells a 0 given from a key left out.
+type rawCount struct {
+	set bool
+	n   int
+}
+
+func (c *rawCount) UnmarshalYAML(node *yaml.Node) error {
+	n, err := strconv.Atoi(node.Value)
+	if node.Kind != yaml.ScalarNode || node.Tag != "!!int" || err != nil {
+		return fmt.Errorf("line %d: %q is not a whole number", node.Line, node.Value)
+	}
+	c.set, c.n = true, n
 	return nil
 }

@@ -35,16 +35,16 @@ const (
 	// MinDatabaseAPIConns is the least database_api_conns defaults to;
 	// MaxDatabaseAPIConns the most it may be set to.
 	MinDatabaseAPIConns = 4
-	MaxDatabaseAPIConns = 1000
+	MaxDatabaseAPIConns = 200
 )
 
 // DefaultDatabaseAPIConns is the pool the API's requests share when the
 // file gives none: twice the cores this process may use, and at least
 // MinDatabaseAPIConns. A request's statements take PostgreSQL well under
 // a millisecond each; more of them at once than the cores can run only
-// wait in the operating system's run queue, where the slowest wait a
-// whole time slice, while a request that waits for a connection in the
-// pool waits its turn, in order.
+// wait in the operating system's run queue, where the unlucky wait a
+// whole time slice, while a request that waits in the pool waits for the
+// next connection let go.
 func DefaultDatabaseAPIConns() int { return max(MinDatabaseAPIConns, 2*runtime.GOMAXPROCS(0)) }
 
 var (
@@ -107,10 +107,10 @@ func (v *validator) config(raw *rawConfig) *Config {
 		v.fail("listen", "%q is not host:port", cfg.Listen)
 	}
 	cfg.DatabaseURL = v.secret("", "database_url_env", raw.DatabaseURLEnv, true)
-	switch cfg.DatabaseAPIConns = raw.DatabaseAPIConns; {
-	case cfg.DatabaseAPIConns == 0:
+	switch cfg.DatabaseAPIConns = raw.DatabaseAPIConns.n; {
+	case !raw.DatabaseAPIConns.set:
 		cfg.DatabaseAPIConns = DefaultDatabaseAPIConns()
-	case cfg.DatabaseAPIConns < 0 || cfg.DatabaseAPIConns > MaxDatabaseAPIConns:
+	case cfg.DatabaseAPIConns < 1 || cfg.DatabaseAPIConns > MaxDatabaseAPIConns:
 		v.fail("", "database_api_conns %d must be between 1 and %d", cfg.DatabaseAPIConns, MaxDatabaseAPIConns)
 	}
 
