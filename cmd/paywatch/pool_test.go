@@ -88,6 +88,19 @@ func TestAPIRequestsShareAPoolOfTheirOwn(t *testing.T) {
 	if n := sessions("paywatch"); n == 0 {
 		t.Fatal("no paywatch session: the reconciler and the scanners have no pool of their own")
 	}
+	// /metrics tells each pool's size and its waits (README, Metrics).
+	text := apMetrics(t, d.url)
+	for _, want := range []string{`go_sql_max_open_connections{db_name="paywatch-api"} 2`,
+		`go_sql_max_open_connections{db_name="paywatch"} 20`, `go_sql_wait_count_total{db_name="paywatch-api"} `,
+		`go_sql_wait_duration_seconds_total{db_name="paywatch-api"} `, `go_sql_in_use_connections{db_name="paywatch-control"} `} {
+		if !strings.Contains(text, want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+	var waits float64
+	if _, err := fmt.Sscan(strings.SplitN(strings.SplitN(text, `go_sql_wait_count_total{db_name="paywatch-api"} `, 2)[1], "\n", 2)[0], &waits); err != nil || waits == 0 {
+		t.Errorf("800 requests from 32 clients through 2 connections, and %v waits for one counted (%v)", waits, err)
+	}
 }
 
 // withAPIConns writes the test configuration with database_api_conns: n.

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"flag"
 	"fmt"
@@ -193,6 +194,7 @@ func newDaemon(ctx context.Context, log *slog.Logger, cfg *config.Config) (*daem
 		return nil, err
 	}
 	m := metrics.New(control, log)
+	m.Pools(map[string]*sql.DB{"paywatch": db.DB, "paywatch-api": apiDB.DB, "paywatch-control": control.DB})
 	runner.Observe = m.Pass
 	op := reconcile.NewOperator(apiDB)
 	op.Sealer = sealer

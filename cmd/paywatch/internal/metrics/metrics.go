@@ -6,6 +6,7 @@ package metrics
 
 import (
 	"context"
+	"database/sql"
 	"log/slog"
 	"net/http"
 	"sync"
@@ -72,6 +73,15 @@ func New(db *sqlx.DB, log *slog.Logger) *Metrics {
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.state)
 	return m
+}
+
+// Pools exports the connection pools' statistics (open, in use, idle, and
+// how often and how long a request waited for a connection), each under
+// its name (the go_sql_* metrics, labelled db_name).
+func (m *Metrics) Pools(pools map[string]*sql.DB) {
+	for name, db := range pools {
+		m.reg.MustRegister(collectors.NewDBStatsCollector(db, name))
+	}
 }
 
 // Handler serves the metrics in Prometheus' text format.
