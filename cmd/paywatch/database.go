@@ -92,9 +92,9 @@ func redact(dsn string) string {
 var dsnPassword = regexp.MustCompile(`(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)`)
 
 // openPool opens another pool of at most conns connections to the
-// (migrated) database. name, sent as the sessions' application_name when
-// the URL gives none, tells in pg_stat_activity which part of paywatch
-// holds a connection.
+// (migrated) database. name, the sessions' fallback_application_name
+// (named), tells in pg_stat_activity which part of paywatch holds a
+// connection.
 func openPool(ctx context.Context, dsn, name string, conns int) (*sqlx.DB, error) {
 	dsn = named(dsn, name)
 	db, err := migrations.Open(ctx, dsn)

@@ -182,8 +182,9 @@ func newDaemon(ctx context.Context, log *slog.Logger, cfg *config.Config) (*daem
 	scans.Log = log
 	rec := newReconciler(db, log, cfg)
 	rec.Record = scans.Record
-	runner := reconcile.NewRunner(rec, cfg.ReconcilerSchedule, named(cfg.DatabaseURL, "paywatch"), scan.NotifyChannel, log)
-	changes := orders.NewChanges(named(cfg.DatabaseURL, "paywatch"), log)
+	listenURL := named(cfg.DatabaseURL, "paywatch") // the listeners' sessions, named as the main pool's
+	runner := reconcile.NewRunner(rec, cfg.ReconcilerSchedule, listenURL, scan.NotifyChannel, log)
+	changes := orders.NewChanges(listenURL, log)
 	// Leases, probes and metrics get connections of their own: a burst of
 	// API requests never holds them up (and leases, which keep a
 	// connection while held, take none from the other pools).
