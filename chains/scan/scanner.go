@@ -49,6 +49,13 @@ type Scanner struct {
 	ahead []*prefetch
 	// lastHead is the head the last commit saw.
 	lastHead uint64
+	// known is the cursor as this scanner's last commit left it, when
+	// knownSet: the next step starts from it instead of reading it back.
+	// Each commit checks the cursor it starts from under the cursor's lock,
+	// so a cursor moved meanwhile (paywatch rescan, another instance) costs
+	// a step that commits nothing and is taken again at once, reading it.
+	known    *Block
+	knownSet bool
 	// verifyWake tells Run's verifier that a commit recorded transfers
 	// waiting for a verdict.
 	verifyWake chan struct{}
@@ -348,12 +355,23 @@ func (s *Scanner) Step(ctx context.Context) (caughtUp bool, err error) {
 	if s.batch == 0 {
 		s.batch = max(s.MaxBatch, 1)
 	}
-	cur, halted, err := s.Store.Cursor(ctx, s.Network.Name)
-	if err != nil {
-		return false, err
-	}
-	if halted {
-		return false, ErrReorgTooDeep
+	cur, cached := s.known, s.knownSet
+	s.knownSet = false // until a commit of this step sets it again
+	if cached {
+		defer func() {
+			if errors.Is(err, ErrCursorMoved) {
+				s.Log.Debug("the cursor moved since this scanner's last commit; reading it again")
+				caughtUp, err = false, nil
+			}
+		}()
+	} else {
+		var halted bool
+		if cur, halted, err = s.Store.Cursor(ctx, s.Network.Name); err != nil {
+			return false, err
+		}
+		if halted {
+			return false, ErrReorgTooDeep
+		}
 	}
 	// Fast path: the batch after the cursor was read ahead, with the head and
 	// the cursor's hash in the same round trip.
@@ -423,6 +441,22 @@ func (s *Scanner) Step(ctx context.Context) (caughtUp bool, err error) {
 			}
 		}
 		from = cur.Number + 1
+		if hash != cur.Hash && cached {
+			// A reorg is walked back from the stored cursor, never from one
+			// remembered: an operator may have moved it (and dropped the
+			// hashes above it) meanwhile. If so, the next step starts from
+			// where it is now.
+			stored, halted, err := s.Store.Cursor(ctx, s.Network.Name)
+			switch {
+			case err != nil:
+				return false, err
+			case halted:
+				return false, ErrReorgTooDeep
+			case stored == nil || *stored != *cur:
+				s.dropPrefetch()
+				return false, nil
+			}
+		}
 		if hash != cur.Hash {
 			above, hash, err := s.forkPoint(ctx, cur)
 			if err != nil {
@@ -447,6 +481,7 @@ func (s *Scanner) Step(ctx context.Context) (caughtUp bool, err error) {
 		if _, err := s.Store.Commit(ctx, commit); err != nil {
 			return false, err
 		}
+		s.known, s.knownSet = commit.Cursor, commit.Cursor != nil
 		return true, nil
 	}
 	if ahead == nil && len(s.ahead) > 0 {
@@ -529,6 +564,7 @@ func (s *Scanner) commitBatch(ctx context.Context, cur *Block, orphanAbove *uint
 	if err != nil {
 		return false, err
 	}
+	s.known, s.knownSet = commit.Cursor, true
 	if orphanAbove != nil {
 		s.Log.Warn("reorg handled", "fork_below", *orphanAbove+1, "orphaned_transfers", orphaned)
 	}

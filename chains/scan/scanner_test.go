@@ -235,6 +235,88 @@ func TestReorgWalkBack(t *testing.T) {
 	}
 }
 
+// A scanner starts each step from the cursor its last commit left, without
+// reading it back. When the cursor moved meanwhile (an operator's rescan),
+// the step commits nothing and says nothing is wrong; the next one reads
+// the cursor and rescans from where the operator put it. A halt is checked
+// by the commit itself, under the cursor's lock.
+func TestACursorMovedUnderTheScannerIsReadAgain(t *testing.T) {
+	c := newFakeChain(50)
+	for n := uint64(10); n < 55; n++ {
+		c.payments[n] = 1
+	}
+	s, store := newTestScanner(t, c)
+	s.MaxBatch = 10
+	drain(t, s)
+	ctx := context.Background()
+	if _, err := store.Rewind(ctx, "fake", Block{Number: 20, Hash: c.hashes[20]}); err != nil {
+		t.Fatal(err)
+	}
+	c.mu.Lock()
+	c.extend(5, "a")
+	c.mu.Unlock()
+	if _, err := s.Step(ctx); err != nil {
+		t.Fatalf("the step after a rescan: %v, want none (the cursor is read again)", err)
+	}
+	if cur, _, err := store.Cursor(ctx, "fake"); err != nil || cur.Number != 20 {
+		t.Fatalf("cursor %v (%v): the step from the old cursor wrote over the rescan's", cur, err)
+	}
+	drain(t, s)
+	got := live(t, store)
+	if len(got) != 45 {
+		t.Fatalf("%d transfers, want 45 (blocks 10-54)", len(got))
+	}
+	for hash, state := range got {
+		if state == "orphaned" {
+			t.Errorf("%s still orphaned after the rescan", hash)
+		}
+	}
+	if cur, _, err := store.Cursor(ctx, "fake"); err != nil || cur.Number != 54 {
+		t.Fatalf("cursor %v (%v), want block 54", cur, err)
+	}
+
+	// A rescan and a reorg at the tip at once: the step checks the cursor
+	// it remembered, finds it moved, and starts again from where the
+	// operator put it (block 30, still canonical): no reorg is walked back
+	// from the remembered one (whose hashes the rescan dropped), none is
+	// reported.
+	var logged strings.Builder
+	s.Log = slog.New(slog.NewTextHandler(&logged, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	if _, err := store.Rewind(ctx, "fake", Block{Number: 30, Hash: c.hashes[30]}); err != nil {
+		t.Fatal(err)
+	}
+	c.mu.Lock()
+	c.reorg(3, "r")
+	c.payments[53] = 7
+	c.mu.Unlock()
+	if _, err := s.Step(ctx); err != nil {
+		t.Fatalf("the step after a rescan and a reorg: %v, want none", err)
+	}
+	drain(t, s)
+	if strings.Contains(logged.String(), "reorg") {
+		t.Errorf("a reorg reported from the cursor the rescan moved:\n%s", logged.String())
+	}
+	got = live(t, store)
+	if got["0xt53-0xr53"] != "confirmed" || got["0xt53-0xa53"] != "orphaned" {
+		t.Fatalf("block 53 after the reorg: new fork's payment %q, old one's %q; want confirmed and orphaned",
+			got["0xt53-0xr53"], got["0xt53-0xa53"])
+	}
+
+	// Halted meanwhile: the step from the known cursor commits nothing.
+	if err := store.RecordStatus(ctx, "fake", nil, "halted by hand", true); err != nil {
+		t.Fatal(err)
+	}
+	c.mu.Lock()
+	c.extend(3, "a")
+	c.mu.Unlock()
+	if _, err := s.Step(ctx); !errors.Is(err, ErrReorgTooDeep) {
+		t.Fatalf("a step of a halted scanner: %v, want ErrReorgTooDeep", err)
+	}
+	if cur, _, err := store.Cursor(ctx, "fake"); err != nil || cur.Number != 54 {
+		t.Fatalf("cursor %v (%v): a halted scanner moved it", cur, err)
+	}
+}
+
 // The n-th retry waits min·2^(n-1), capped at max, less up to half of it
 // (jitter): it grows, and stays within the scanner's 0.5 s and 30 s.
 func TestBackoffGrowsCappedWithJitter(t *testing.T) {

@@ -146,6 +146,10 @@ func (s *Store) Commit(ctx context.Context, c Commit) (orphaned int, err error) 
 		if !sameBlock(cur, c.Prev) {
 			return ErrCursorMoved
 		}
+		if cur.Halted {
+			// Only an operator's rescan, which moves the cursor, resumes it.
+			return fmt.Errorf("%w: the scanner of %s is halted", ErrReorgTooDeep, c.Network)
+		}
 		// Orders created before anything of this network was recorded (no
 		// head, no cursor) are bounded by where scanning began; their
 		// earliest_block_time bounds them too. The first commit gives that
@@ -188,10 +192,22 @@ func (s *Store) Commit(ctx context.Context, c Commit) (orphaned int, err error) 
 				return err
 			}
 		}
+		var confirm *int64 // none: block_number <= NULL holds for no transfer
+		if c.ConfirmedAtOrBelow > 0 {
+			h := int64(c.ConfirmedAtOrBelow)
+			confirm = &h
+		}
+		var first *int64
+		if c.Batch != nil {
+			f := int64(c.First)
+			first = &f
+		}
 		if c.Cursor != nil {
-			// One round trip: the look-ups the scanner passed without seeing
-			// are orphaned, and the batch's block hashes and the cursor's
-			// are kept while those fallen out of the window are pruned.
+			// One round trip past the transfers: the look-ups the scanner
+			// passed without seeing are orphaned, the batch's block hashes
+			// and the cursor's are kept while those fallen out of the window
+			// are pruned, the transfers deep enough are confirmed, and the
+			// cursor moves.
 			var blocks []Block
 			if c.Batch != nil {
 				blocks = c.Batch.Blocks
@@ -200,10 +216,11 @@ func (s *Store) Commit(ctx context.Context, c Commit) (orphaned int, err error) 
 			if err != nil {
 				return err
 			}
-			var lookups []string
-			if err := tx.SelectContext(ctx, &lookups, advanceBlocks, c.Network, int64(c.Cursor.Number), now,
+			var lookups pq.StringArray
+			if err := tx.GetContext(ctx, &lookups, advance, c.Network, confirm, now, int64(c.Cursor.Number), c.Cursor.Hash,
+				int64(c.Head.Number), int64(c.Head.Finalized), first, confirmedHeight(c), pg.NotifyChannel,
 				pq.Array(numbers), pq.Array(hashes), below); err != nil {
-				return fmt.Errorf("orphan look-ups the scanner did not see, keep block hashes: %w", err)
+				return fmt.Errorf("confirm transfers, keep block hashes, advance cursor of %s: %w", c.Network, err)
 			}
 			orphans = append(orphans, lookups...)
 		} else if c.Batch != nil {
@@ -237,25 +254,13 @@ func (s *Store) Commit(ctx context.Context, c Commit) (orphaned int, err error) 
 				return fmt.Errorf("record reorg: %w", err)
 			}
 		}
-		var confirm *int64 // none: block_number <= NULL holds for no transfer
-		if c.ConfirmedAtOrBelow > 0 {
-			h := int64(c.ConfirmedAtOrBelow)
-			confirm = &h
-		}
-		var number *int64
-		var hash *string
-		if c.Cursor != nil {
-			n := int64(c.Cursor.Number)
-			number, hash = &n, &c.Cursor.Hash
-		}
-		var first *int64
-		if c.Batch != nil {
-			f := int64(c.First)
-			first = &f
-		}
-		if _, err := tx.ExecContext(ctx, advanceCursor, c.Network, confirm, now, number, hash,
-			int64(c.Head.Number), int64(c.Head.Finalized), first, confirmedHeight(c), pg.NotifyChannel); err != nil {
-			return fmt.Errorf("confirm transfers, advance cursor of %s: %w", c.Network, err)
+		if c.Cursor == nil {
+			// Nothing scanned: the transfers deep enough are confirmed, the
+			// head noted, the cursor left where it is.
+			if _, err := tx.ExecContext(ctx, advanceCursor, c.Network, confirm, now, nil, nil,
+				int64(c.Head.Number), int64(c.Head.Finalized), first, confirmedHeight(c), pg.NotifyChannel); err != nil {
+				return fmt.Errorf("confirm transfers of %s: %w", c.Network, err)
+			}
 		}
 		return nil
 	})
@@ -272,8 +277,14 @@ func (s *Store) Commit(ctx context.Context, c Commit) (orphaned int, err error) 
 // scanner passed (at or below block $2) without seeing: their block was not
 // the canonical one. Its conditions are those of transfers_live_lookups_idx,
 // which holds the live look-ups only (those orphaned before are not read).
-const orphanLookups = `UPDATE transfers SET state = 'orphaned', orphaned_at = $3, updated_at = $3, ledger_dirty = true
-	WHERE network = $1 AND provisional AND block_number <= $2 AND state <> 'orphaned' RETURNING id`
+var orphanLookups = orphanLookupsAt("$2")
+
+// orphanLookupsAt is orphanLookups with the cursor's height the parameter
+// named.
+func orphanLookupsAt(height string) string {
+	return `UPDATE transfers SET state = 'orphaned', orphaned_at = $3, updated_at = $3, ledger_dirty = true
+	WHERE network = $1 AND provisional AND block_number <= ` + height + ` AND state <> 'orphaned' RETURNING id`
+}
 
 // confirmTransfers confirms network $1's transfers at or below block $2
 // that wait for nothing else: not a look-up's, not waiting for a balance
@@ -283,20 +294,37 @@ const confirmTransfers = `UPDATE transfers SET state = 'confirmed', updated_at =
 	WHERE network = $1 AND state = 'seen' AND NOT provisional AND block_number <= $2
 		AND NOT ('` + FlagBalancePending + `' = ANY (flags))`
 
-// advanceBlocks is a commit's step past its transfers, in one statement:
-// orphanLookups (network $1, cursor $2, time $3), then the block hashes
-// kept (heights $4, hashes $5) and those below $6 (NULL for none) pruned.
-// The data-modifying parts touch different rows (windowBlocks leaves out
-// what the prune removes), so that doing them together leaves what doing
-// them one after another would.
-const advanceBlocks = `WITH lookups AS (` + orphanLookups + `), kept AS (
+// advanceCursor ends a commit that scanned nothing, in one statement:
+// confirmTransfers (network $1, height $2, NULL for none, time $3), the
+// cursor set ($4 block, $5 hash, $6 head, $7 finalized, $8 the first block,
+// $9 the confirmed height) and the network's name notified on channel $10.
+const advanceCursor = `WITH ` + cursorMoves + `
+	SELECT pg_notify($10, $1)`
+
+// cursorMoves are advanceCursor's data-modifying parts.
+const cursorMoves = `confirmed AS (` + confirmTransfers + `), moved AS (
+		UPDATE chain_cursors SET block_number = $4, block_hash = $5, head = $6, finalized = $7, last_error = NULL,
+			updated_at = $3, first_block = COALESCE(first_block, $8), confirmed_height = $9
+		WHERE network = $1
+	)`
+
+// advance is a commit's step past its transfers, in one statement (one
+// round trip of a catch-up's batch): advanceCursor's parts, with
+// orphanLookups at the new cursor ($4) and the block hashes kept (heights
+// $11, hashes $12) and those below $13 (NULL for none) pruned. It returns
+// the ids of the look-ups orphaned, as an array. The data-modifying parts
+// touch different rows (look-ups are provisional and the transfers
+// confirmed are not; windowBlocks leaves out what the prune removes), so
+// that doing them together leaves what doing them one after another
+// would.
+var advance = `WITH lookups AS (` + orphanLookupsAt("$4") + `), kept AS (
 		INSERT INTO chain_blocks (network, block_number, block_hash)
-		SELECT $1, n, h FROM unnest($4::bigint[], $5::text[]) AS u(n, h)
+		SELECT $1, n, h FROM unnest($11::bigint[], $12::text[]) AS u(n, h)
 		ON CONFLICT (network, block_number) DO UPDATE SET block_hash = EXCLUDED.block_hash
 	), pruned AS (
-		DELETE FROM chain_blocks WHERE network = $1 AND block_number < $6
-	)
-	SELECT id FROM lookups`
+		DELETE FROM chain_blocks WHERE network = $1 AND block_number < $13
+	), ` + cursorMoves + `
+	SELECT ARRAY(SELECT id FROM lookups) FROM (SELECT pg_notify($10, $1)) AS notified`
 
 // windowBlocks returns the heights and hashes of a batch's blocks and the
 // cursor's to keep (the cursor's hash standing for its height), leaving
@@ -330,17 +358,6 @@ func windowBlocks(blocks []Block, cursor Block, window uint64) ([]int64, []strin
 	}
 	return numbers, hashes, below, nil
 }
-
-// advanceCursor ends a commit in one statement: confirmTransfers (network
-// $1, height $2, NULL for none, time $3), the cursor moved ($4 block, $5
-// hash, $6 head, $7 finalized, $8 the first block, $9 the confirmed
-// height) and the network's name notified on channel $10.
-const advanceCursor = `WITH confirmed AS (` + confirmTransfers + `), moved AS (
-		UPDATE chain_cursors SET block_number = $4, block_hash = $5, head = $6, finalized = $7, last_error = NULL,
-			updated_at = $3, first_block = COALESCE(first_block, $8), confirmed_height = $9
-		WHERE network = $1
-	)
-	SELECT pg_notify($10, $1)`
 
 // confirmedHeight is the highest block a commit confirms, bounded by its
 // cursor (a block not scanned yet holds nothing recorded to confirm, and a

@@ -12,9 +12,8 @@ import (
 	"github.com/paywatch/paywatch/migrations/pgtest"
 )
 
-// A commit past its transfers is two statements (advanceBlocks,
-// advanceCursor); together they must leave what the steps did one after
-// another: the look-ups the cursor passed orphaned, the window's hashes
+// A commit past its transfers is one statement (advance); its parts
+// together must leave what they did one after another: the look-ups the cursor passed orphaned, the window's hashes
 // kept and the older ones pruned (a batch's hash below the window with
 // them), the transfers below the depth confirmed, none when there is no
 // depth (not those of block 0), and the cursor moved.
