@@ -210,6 +210,8 @@ func (s *Scanner) Run(ctx context.Context) error {
 }
 
 func (s *Scanner) run(ctx context.Context) error {
+	// A run (a lease taken again) starts from the stored cursor.
+	s.knownSet = false
 	failures := 0
 	halted := false
 	for {
@@ -360,7 +362,12 @@ func (s *Scanner) Step(ctx context.Context) (caughtUp bool, err error) {
 	if cached {
 		defer func() {
 			if errors.Is(err, ErrCursorMoved) {
-				s.Log.Debug("the cursor moved since this scanner's last commit; reading it again")
+				// Counted as the failure it would have been, without the
+				// backoff: the next step reads the cursor.
+				s.Log.Info("the cursor moved since this scanner's last commit (a rescan, or another instance); reading it again")
+				if s.Observer != nil {
+					s.Observer.StepFailed(s.Network.Name, ErrorKind(err))
+				}
 				caughtUp, err = false, nil
 			}
 		}()
@@ -432,6 +439,11 @@ func (s *Scanner) Step(ctx context.Context) (caughtUp bool, err error) {
 	case cur.Number > head.Number:
 		// The node is behind what we scanned (a lagging fallback node, or a
 		// reorg to a shorter chain that the next step will see).
+		if cached {
+			if moved, err := s.knownMoved(ctx, cur); err != nil || moved {
+				return false, err
+			}
+		}
 		return true, s.Store.RecordStatus(ctx, s.Network.Name, &head, "", false)
 	default:
 		hash := cursorHash
@@ -444,17 +456,9 @@ func (s *Scanner) Step(ctx context.Context) (caughtUp bool, err error) {
 		if hash != cur.Hash && cached {
 			// A reorg is walked back from the stored cursor, never from one
 			// remembered: an operator may have moved it (and dropped the
-			// hashes above it) meanwhile. If so, the next step starts from
-			// where it is now.
-			stored, halted, err := s.Store.Cursor(ctx, s.Network.Name)
-			switch {
-			case err != nil:
+			// hashes above it) meanwhile.
+			if moved, err := s.knownMoved(ctx, cur); err != nil || moved {
 				return false, err
-			case halted:
-				return false, ErrReorgTooDeep
-			case stored == nil || *stored != *cur:
-				s.dropPrefetch()
-				return false, nil
 			}
 		}
 		if hash != cur.Hash {
@@ -512,6 +516,25 @@ func (s *Scanner) Step(ctx context.Context) (caughtUp bool, err error) {
 		return false, fmt.Errorf("scan blocks %d-%d: %w", from, to, err)
 	}
 	return s.commitBatch(ctx, cur, orphanAbove, forkHash, from, to, head, batch)
+}
+
+// knownMoved reads the stored cursor before a step acts on the one it
+// remembered (known) by anything but a commit, which checks it itself: a
+// reorg walked back, a lagging node's head recorded. It reports whether the
+// cursor moved (the read-ahead is dropped: the next step starts from where
+// it is now), or ErrReorgTooDeep when the network is halted.
+func (s *Scanner) knownMoved(ctx context.Context, known *Block) (bool, error) {
+	stored, halted, err := s.Store.Cursor(ctx, s.Network.Name)
+	switch {
+	case err != nil:
+		return false, err
+	case halted:
+		return false, ErrReorgTooDeep
+	case stored == nil || *stored != *known:
+		s.dropPrefetch()
+		return true, nil
+	}
+	return false, nil
 }
 
 // commitBatch verifies a scanned batch, starts reading the next one, and

@@ -27,6 +27,8 @@ type fakeChain struct {
 	payments map[uint64]int64
 	maxRange uint64
 	scans    [][2]uint64
+	// onScan, when set, runs at each Scan (outside mu).
+	onScan func()
 }
 
 func newFakeChain(n int) *fakeChain {
@@ -68,6 +70,9 @@ func (c *fakeChain) BlockHash(_ context.Context, n uint64) (string, error) {
 var fakeAsset = &paywatch.Asset{Network: "fake", Symbol: "TOK", Contract: "0xc"}
 
 func (c *fakeChain) Scan(_ context.Context, from, to uint64) (*Batch, error) {
+	if c.onScan != nil {
+		c.onScan()
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.maxRange > 0 && to-from+1 > c.maxRange {
@@ -302,6 +307,38 @@ func TestACursorMovedUnderTheScannerIsReadAgain(t *testing.T) {
 			got["0xt53-0xr53"], got["0xt53-0xa53"])
 	}
 
+	// A step that read the cursor itself and finds it moved at its commit
+	// (another instance, a rescan mid-step) fails as before; one that
+	// started from the cursor it remembered counts the same failure, and
+	// takes the step again at once.
+	failed := &stepFailures{}
+	s.Observer = failed
+	fresh := NewScanner(s.Network, c, store, s.Log)
+	fresh.MaxBatch = 10
+	rewound := false
+	c.onScan = func() {
+		if !rewound {
+			rewound = true
+			if _, err := store.Rewind(ctx, "fake", Block{Number: 40, Hash: c.hashes[40]}); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	c.mu.Lock()
+	c.extend(2, "a")
+	c.mu.Unlock()
+	if _, err := fresh.Step(ctx); !errors.Is(err, ErrCursorMoved) {
+		t.Fatalf("a step whose cursor moved under it: %v, want ErrCursorMoved", err)
+	}
+	c.onScan = nil
+	if _, err := s.Step(ctx); err != nil {
+		t.Fatalf("the remembered cursor moved: %v, want none", err)
+	}
+	if got := failed.kinds(); !slices.Equal(got, []string{"cursor_moved"}) {
+		t.Fatalf("failures counted: %v, want one cursor_moved", got)
+	}
+	drain(t, s)
+
 	// Halted meanwhile: the step from the known cursor commits nothing.
 	if err := store.RecordStatus(ctx, "fake", nil, "halted by hand", true); err != nil {
 		t.Fatal(err)
@@ -312,9 +349,50 @@ func TestACursorMovedUnderTheScannerIsReadAgain(t *testing.T) {
 	if _, err := s.Step(ctx); !errors.Is(err, ErrReorgTooDeep) {
 		t.Fatalf("a step of a halted scanner: %v, want ErrReorgTooDeep", err)
 	}
-	if cur, _, err := store.Cursor(ctx, "fake"); err != nil || cur.Number != 54 {
+	if cur, _, err := store.Cursor(ctx, "fake"); err != nil || cur.Number != 56 {
 		t.Fatalf("cursor %v (%v): a halted scanner moved it", cur, err)
 	}
+
+	// Halted meanwhile, and the node lags behind the remembered cursor: the
+	// halt stands, with its reason.
+	if _, err := store.Rewind(ctx, "fake", Block{Number: 56, Hash: c.hashes[56]}); err != nil {
+		t.Fatal(err)
+	}
+	drain(t, s)
+	if err := store.RecordStatus(ctx, "fake", nil, "halted by hand again", true); err != nil {
+		t.Fatal(err)
+	}
+	c.mu.Lock()
+	c.hashes = c.hashes[:55]
+	c.mu.Unlock()
+	if _, err := s.Step(ctx); !errors.Is(err, ErrReorgTooDeep) {
+		t.Fatalf("a step of a halted scanner behind a lagging node: %v, want ErrReorgTooDeep", err)
+	}
+	var why *string
+	if err := store.db.Get(&why, `SELECT last_error FROM chain_cursors WHERE network = 'fake' AND halted`); err != nil ||
+		why == nil || *why != "halted by hand again" {
+		t.Fatalf("the halt's reason: %v (%v), want it kept", why, err)
+	}
+}
+
+// stepFailures is an Observer that keeps the kinds of the failed steps.
+type stepFailures struct {
+	mu   sync.Mutex
+	seen []string
+}
+
+func (f *stepFailures) Batch(string, int, int, time.Duration) {}
+
+func (f *stepFailures) StepFailed(_, kind string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.seen = append(f.seen, kind)
+}
+
+func (f *stepFailures) kinds() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.seen)
 }
 
 // The n-th retry waits min·2^(n-1), capped at max, less up to half of it

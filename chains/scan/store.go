@@ -217,9 +217,10 @@ func (s *Store) Commit(ctx context.Context, c Commit) (orphaned int, err error) 
 				return err
 			}
 			var lookups pq.StringArray
-			if err := tx.GetContext(ctx, &lookups, advance, c.Network, confirm, now, int64(c.Cursor.Number), c.Cursor.Hash,
+			var notified []byte // void
+			if err := tx.QueryRowContext(ctx, advance, c.Network, confirm, now, int64(c.Cursor.Number), c.Cursor.Hash,
 				int64(c.Head.Number), int64(c.Head.Finalized), first, confirmedHeight(c), pg.NotifyChannel,
-				pq.Array(numbers), pq.Array(hashes), below); err != nil {
+				pq.Array(numbers), pq.Array(hashes), below).Scan(&lookups, &notified); err != nil {
 				return fmt.Errorf("confirm transfers, keep block hashes, advance cursor of %s: %w", c.Network, err)
 			}
 			orphans = append(orphans, lookups...)
@@ -316,7 +317,7 @@ const cursorMoves = `confirmed AS (` + confirmTransfers + `), moved AS (
 // touch different rows (look-ups are provisional and the transfers
 // confirmed are not; windowBlocks leaves out what the prune removes), so
 // that doing them together leaves what doing them one after another
-// would.
+// would. Its one row holds the ids and pg_notify's void.
 var advance = `WITH lookups AS (` + orphanLookupsAt("$4") + `), kept AS (
 		INSERT INTO chain_blocks (network, block_number, block_hash)
 		SELECT $1, n, h FROM unnest($11::bigint[], $12::text[]) AS u(n, h)
@@ -324,7 +325,7 @@ var advance = `WITH lookups AS (` + orphanLookupsAt("$4") + `), kept AS (
 	), pruned AS (
 		DELETE FROM chain_blocks WHERE network = $1 AND block_number < $13
 	), ` + cursorMoves + `
-	SELECT ARRAY(SELECT id FROM lookups) FROM (SELECT pg_notify($10, $1)) AS notified`
+	SELECT ARRAY(SELECT id FROM lookups), pg_notify($10, $1)`
 
 // windowBlocks returns the heights and hashes of a batch's blocks and the
 // cursor's to keep (the cursor's hash standing for its height), leaving
