@@ -17,13 +17,7 @@ import (
 // written, the next step walks back in full.
 func TestReorgWalkBackIsOneTransaction(t *testing.T) {
 	ctx := context.Background()
-	c := newFakeChain(50)
-	for n := uint64(40); n < 50; n++ {
-		c.payments[n] = 1
-	}
-	s, store := newTestScanner(t, c)
-	s.MaxBatch = 10
-	drain(t, s)
+	c, s, store := caughtUp(t, 50, 40)
 	before := live(t, store)
 	cursor, _, err := store.Cursor(ctx, "fake")
 	if err != nil {

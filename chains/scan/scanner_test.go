@@ -43,6 +43,13 @@ func (c *fakeChain) extend(n int, fork string) {
 	}
 }
 
+// mine extends the chain by n blocks while a scanner may be reading it.
+func (c *fakeChain) mine(n int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.extend(n, "a")
+}
+
 // reorg replaces the last depth blocks with new ones (and their payments).
 func (c *fakeChain) reorg(depth int, fork string) {
 	for h := len(c.hashes) - depth; h < len(c.hashes); h++ {
@@ -102,6 +109,21 @@ func newTestScanner(t *testing.T, c *fakeChain) (*Scanner, *Store) {
 	store := NewStore(db)
 	n := &paywatch.Network{Name: "fake", Confirmations: 2, PollInterval: time.Millisecond}
 	return NewScanner(n, c, store, slog.New(slog.NewTextHandler(io.Discard, nil))), store
+}
+
+// caughtUp is a chain of n blocks, each from block paidFrom on holding a
+// payment of 1, and a scanner (10 blocks a batch) that has caught up with
+// it.
+func caughtUp(t *testing.T, n int, paidFrom uint64) (*fakeChain, *Scanner, *Store) {
+	t.Helper()
+	c := newFakeChain(n)
+	for b := paidFrom; b < uint64(n); b++ {
+		c.payments[b] = 1
+	}
+	s, store := newTestScanner(t, c)
+	s.MaxBatch = 10
+	drain(t, s)
+	return c, s, store
 }
 
 func drain(t *testing.T, s *Scanner) {
@@ -190,13 +212,7 @@ func TestAdaptiveRange(t *testing.T) {
 // A reorg within the window orphans exactly the replaced blocks'
 // transfers; one below the window halts the scanner and stays halted.
 func TestReorgWalkBack(t *testing.T) {
-	c := newFakeChain(50)
-	for n := uint64(40); n < 50; n++ {
-		c.payments[n] = 1
-	}
-	s, store := newTestScanner(t, c)
-	s.MaxBatch = 10
-	drain(t, s)
+	c, s, store := caughtUp(t, 50, 40)
 	c.reorg(4, "b")
 	c.payments[48] = 2
 	drain(t, s)
@@ -246,20 +262,17 @@ func TestReorgWalkBack(t *testing.T) {
 // the cursor and rescans from where the operator put it. A halt is checked
 // by the commit itself, under the cursor's lock.
 func TestACursorMovedUnderTheScannerIsReadAgain(t *testing.T) {
-	c := newFakeChain(50)
-	for n := uint64(10); n < 55; n++ {
-		c.payments[n] = 1
+	c, s, store := caughtUp(t, 50, 10)
+	c.mu.Lock()
+	for n := uint64(50); n < 55; n++ {
+		c.payments[n] = 1 // mined below
 	}
-	s, store := newTestScanner(t, c)
-	s.MaxBatch = 10
-	drain(t, s)
+	c.mu.Unlock()
 	ctx := context.Background()
 	if _, err := store.Rewind(ctx, "fake", Block{Number: 20, Hash: c.hashes[20]}); err != nil {
 		t.Fatal(err)
 	}
-	c.mu.Lock()
-	c.extend(5, "a")
-	c.mu.Unlock()
+	c.mine(5)
 	if _, err := s.Step(ctx); err != nil {
 		t.Fatalf("the step after a rescan: %v, want none (the cursor is read again)", err)
 	}
@@ -324,9 +337,7 @@ func TestACursorMovedUnderTheScannerIsReadAgain(t *testing.T) {
 			}
 		}
 	}
-	c.mu.Lock()
-	c.extend(2, "a")
-	c.mu.Unlock()
+	c.mine(2)
 	if _, err := fresh.Step(ctx); !errors.Is(err, ErrCursorMoved) {
 		t.Fatalf("a step whose cursor moved under it: %v, want ErrCursorMoved", err)
 	}
@@ -343,9 +354,7 @@ func TestACursorMovedUnderTheScannerIsReadAgain(t *testing.T) {
 	if err := store.RecordStatus(ctx, "fake", nil, "halted by hand", true); err != nil {
 		t.Fatal(err)
 	}
-	c.mu.Lock()
-	c.extend(3, "a")
-	c.mu.Unlock()
+	c.mine(3)
 	if _, err := s.Step(ctx); !errors.Is(err, ErrReorgTooDeep) {
 		t.Fatalf("a step of a halted scanner: %v, want ErrReorgTooDeep", err)
 	}
