@@ -202,33 +202,39 @@ func (s *Store) Commit(ctx context.Context, c Commit) (orphaned int, err error) 
 			f := int64(c.First)
 			first = &f
 		}
+		// One round trip past the transfers: the look-ups the scanner
+		// passed without seeing are orphaned, the block hashes kept (the
+		// batch's and the cursor's, those fallen out of the window pruned),
+		// the transfers deep enough confirmed, and the cursor moved (a
+		// commit that scanned nothing has none, and leaves it so).
+		var blocks []Block
+		if c.Batch != nil {
+			blocks = c.Batch.Blocks
+		}
+		var number *int64
+		var hash *string
+		var numbers []int64
+		var hashes []string
+		var below *int64
 		if c.Cursor != nil {
-			// One round trip past the transfers: the look-ups the scanner
-			// passed without seeing are orphaned, the batch's block hashes
-			// and the cursor's are kept while those fallen out of the window
-			// are pruned, the transfers deep enough are confirmed, and the
-			// cursor moves.
-			var blocks []Block
-			if c.Batch != nil {
-				blocks = c.Batch.Blocks
-			}
-			numbers, hashes, below, err := windowBlocks(blocks, *c.Cursor, c.Window)
-			if err != nil {
+			n := int64(c.Cursor.Number)
+			number, hash = &n, &c.Cursor.Hash
+			if numbers, hashes, below, err = windowBlocks(blocks, *c.Cursor, c.Window); err != nil {
 				return err
 			}
-			var lookups pq.StringArray
-			var notified []byte // void
-			if err := tx.QueryRowContext(ctx, advance, c.Network, confirm, now, int64(c.Cursor.Number), c.Cursor.Hash,
-				int64(c.Head.Number), int64(c.Head.Finalized), first, confirmedHeight(c), pg.NotifyChannel,
-				pq.Array(numbers), pq.Array(hashes), below).Scan(&lookups, &notified); err != nil {
-				return fmt.Errorf("confirm transfers, keep block hashes, advance cursor of %s: %w", c.Network, err)
-			}
-			orphans = append(orphans, lookups...)
-		} else if c.Batch != nil {
-			if err := storeBlocks(ctx, tx, c.Network, c.Batch.Blocks); err != nil {
-				return err
+		} else {
+			for _, b := range blocks {
+				numbers, hashes = append(numbers, int64(b.Number)), append(hashes, b.Hash)
 			}
 		}
+		var lookups pq.StringArray
+		var notified []byte // void
+		if err := tx.QueryRowContext(ctx, advance, c.Network, confirm, now, number, hash,
+			int64(c.Head.Number), int64(c.Head.Finalized), first, confirmedHeight(c), pg.NotifyChannel,
+			pq.Array(numbers), pq.Array(hashes), below).Scan(&lookups, &notified); err != nil {
+			return fmt.Errorf("confirm transfers, keep block hashes, advance cursor of %s: %w", c.Network, err)
+		}
+		orphans = append(orphans, lookups...)
 		if len(orphans) > 0 {
 			// The dossiers of matched transfers the reorg took away say so on
 			// their timelines (the reconciler moves their status and ledger).
@@ -253,14 +259,6 @@ func (s *Store) Commit(ctx context.Context, c Commit) (orphaned int, err error) 
 			if _, err := tx.ExecContext(ctx, `INSERT INTO chain_reorgs (network, at, fork_block, old_cursor, orphaned_count)
 				VALUES ($1, $2, $3, $4, $5)`, c.Network, now, int64(*c.OrphanAbove), old, orphaned); err != nil {
 				return fmt.Errorf("record reorg: %w", err)
-			}
-		}
-		if c.Cursor == nil {
-			// Nothing scanned: the transfers deep enough are confirmed, the
-			// head noted, the cursor left where it is.
-			if _, err := tx.ExecContext(ctx, advanceCursor, c.Network, confirm, now, nil, nil,
-				int64(c.Head.Number), int64(c.Head.Finalized), first, confirmedHeight(c), pg.NotifyChannel); err != nil {
-				return fmt.Errorf("confirm transfers of %s: %w", c.Network, err)
 			}
 		}
 		return nil
@@ -295,36 +293,29 @@ const confirmTransfers = `UPDATE transfers SET state = 'confirmed', updated_at =
 	WHERE network = $1 AND state = 'seen' AND NOT provisional AND block_number <= $2
 		AND NOT ('` + FlagBalancePending + `' = ANY (flags))`
 
-// advanceCursor ends a commit that scanned nothing, in one statement:
-// confirmTransfers (network $1, height $2, NULL for none, time $3), the
-// cursor set ($4 block, $5 hash, $6 head, $7 finalized, $8 the first block,
-// $9 the confirmed height) and the network's name notified on channel $10.
-const advanceCursor = `WITH ` + cursorMoves + `
-	SELECT pg_notify($10, $1)`
-
-// cursorMoves are advanceCursor's data-modifying parts.
-const cursorMoves = `confirmed AS (` + confirmTransfers + `), moved AS (
-		UPDATE chain_cursors SET block_number = $4, block_hash = $5, head = $6, finalized = $7, last_error = NULL,
-			updated_at = $3, first_block = COALESCE(first_block, $8), confirmed_height = $9
-		WHERE network = $1
-	)`
-
 // advance is a commit's step past its transfers, in one statement (one
-// round trip of a catch-up's batch): advanceCursor's parts, with
-// orphanLookups at the new cursor ($4) and the block hashes kept (heights
-// $11, hashes $12) and those below $13 (NULL for none) pruned. It returns
-// the ids of the look-ups orphaned, as an array. The data-modifying parts
-// touch different rows (look-ups are provisional and the transfers
-// confirmed are not; windowBlocks leaves out what the prune removes), so
-// that doing them together leaves what doing them one after another
-// would. Its one row holds the ids and pg_notify's void.
+// round trip of a catch-up's batch): orphanLookups at the new cursor ($4:
+// its height, NULL for none; $1 network, $3 time), the block hashes kept
+// (heights $11, hashes $12) and those below $13 (NULL for none) pruned,
+// confirmTransfers (height $2, NULL for none), the cursor set ($4 block, $5
+// hash, $6 head, $7 finalized, $8 the first block, $9 the confirmed
+// height), and the network's name notified on channel $10. Its one row
+// holds the ids of the look-ups orphaned, as an array, and pg_notify's
+// void. The data-modifying parts touch different rows (look-ups are
+// provisional and the transfers confirmed are not; windowBlocks leaves out
+// what the prune removes), so that doing them together leaves what doing
+// them one after another would.
 var advance = `WITH lookups AS (` + orphanLookupsAt("$4") + `), kept AS (
 		INSERT INTO chain_blocks (network, block_number, block_hash)
 		SELECT $1, n, h FROM unnest($11::bigint[], $12::text[]) AS u(n, h)
 		ON CONFLICT (network, block_number) DO UPDATE SET block_hash = EXCLUDED.block_hash
 	), pruned AS (
 		DELETE FROM chain_blocks WHERE network = $1 AND block_number < $13
-	), ` + cursorMoves + `
+	), confirmed AS (` + confirmTransfers + `), moved AS (
+		UPDATE chain_cursors SET block_number = $4, block_hash = $5, head = $6, finalized = $7, last_error = NULL,
+			updated_at = $3, first_block = COALESCE(first_block, $8), confirmed_height = $9
+		WHERE network = $1
+	)
 	SELECT ARRAY(SELECT id FROM lookups), pg_notify($10, $1)`
 
 // windowBlocks returns the heights and hashes of a batch's blocks and the
