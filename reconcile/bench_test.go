@@ -7,7 +7,6 @@ import (
 	"os"
 	"slices"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -99,9 +98,9 @@ func BenchmarkSettle100k(b *testing.B) {
 			b.StopTimer()
 			db, _ := seedMatched(b, benchOrders)
 			b.StartTimer()
-			busy -= busyCPU()
+			busy -= pgtest.BusyCPU()
 			bareUpdate(b, db)
-			busy += busyCPU()
+			busy += pgtest.BusyCPU()
 		}
 		b.ReportMetric(busy/float64(b.N), "cpu-s")
 	})
@@ -118,7 +117,7 @@ func BenchmarkSettle100k(b *testing.B) {
 			b.StopTimer()
 			db, _ := seedMatched(b, benchOrders)
 			b.StartTimer()
-			busy -= busyCPU()
+			busy -= pgtest.BusyCPU()
 			var n int
 			if err := db.Get(&n, `
 WITH moved AS (
@@ -146,7 +145,7 @@ WITH moved AS (
 SELECT count(*) FROM moved`, benchBodySize); err != nil || n != benchOrders {
 				b.Fatalf("%d rows (%v)", n, err)
 			}
-			busy += busyCPU()
+			busy += pgtest.BusyCPU()
 		}
 		b.ReportMetric(busy/float64(b.N), "cpu-s")
 	})
@@ -156,7 +155,7 @@ SELECT count(*) FROM moved`, benchBodySize); err != nil || n != benchOrders {
 	// and 4.4 s in another, within the hour. paired-ratio is the median of the
 	// pairs' ratios (of an even count, the greater of the middle two).
 	// cpu-ratio is the median of the pairs' ratios of the CPU time the
-	// machine spent working (Linux: /proc/stat, see busyCPU): the work
+	// machine spent working (Linux: /proc/stat, see pgtest.BusyCPU): the work
 	// each did, which waiting for a core shared with another virtual
 	// machine does not lengthen as it lengthens the time. go-cpu-share
 	// is the part of a pass's CPU time spent in this process (deciding,
@@ -168,9 +167,9 @@ SELECT count(*) FROM moved`, benchBodySize); err != nil || n != benchOrders {
 			b.StopTimer()
 			bareDB, _ := seedMatched(b, benchOrders)
 			bareStart := time.Now()
-			bareCPU := busyCPU()
+			bareCPU := pgtest.BusyCPU()
 			bareUpdate(b, bareDB)
-			bareCPU = busyCPU() - bareCPU
+			bareCPU = pgtest.BusyCPU() - bareCPU
 			bareTook := time.Since(bareStart)
 			bareDB.Close()
 			db, now := seedMatched(b, benchOrders)
@@ -182,7 +181,7 @@ SELECT count(*) FROM moved`, benchBodySize); err != nil || n != benchOrders {
 				Assets: []*paywatch.Asset{{Network: "ethereum", Symbol: "USDT", Contract: "c", Decimals: 6}}}})
 			b.StartTimer()
 			start := time.Now()
-			passCPU, ownCPU := busyCPU(), processCPU()
+			passCPU, ownCPU := pgtest.BusyCPU(), pgtest.ProcessCPU(0)
 			res, err := rec.Pass(context.Background())
 			if err != nil {
 				b.Fatal(err)
@@ -192,7 +191,7 @@ SELECT count(*) FROM moved`, benchBodySize); err != nil || n != benchOrders {
 			}
 			b.StopTimer()
 			paired = append(paired, time.Since(start).Seconds()/bareTook.Seconds())
-			passCPU, ownCPU = busyCPU()-passCPU, processCPU()-ownCPU
+			passCPU, ownCPU = pgtest.BusyCPU()-passCPU, pgtest.ProcessCPU(0)-ownCPU
 			if passCPU > 0 && bareCPU > 0 {
 				cpu = append(cpu, passCPU/bareCPU)
 				goShare = append(goShare, ownCPU/passCPU)
@@ -246,58 +245,3 @@ func bareUpdate(b *testing.B, db *sqlx.DB) {
 		b.Fatalf("%d rows", n)
 	}
 }
-
-// busyCPU is the CPU time, in seconds, the machine has spent working
-// since it started (/proc/stat's user, nice, system, irq and softirq: not
-// idle or iowait, not time the hypervisor stole, not guests', which user
-// holds already), or 0 where there is no /proc/stat. Every process of the
-// machine counts: nothing else of note runs here during a benchmark.
-func busyCPU() float64 {
-	b, err := os.ReadFile("/proc/stat")
-	if err != nil {
-		return 0
-	}
-	line, _, _ := strings.Cut(string(b), "\n")
-	f := strings.Fields(line)
-	if len(f) < 8 || f[0] != "cpu" {
-		return 0
-	}
-	var busy float64
-	for _, i := range []int{1, 2, 3, 6, 7} {
-		ticks, err := strconv.ParseFloat(f[i], 64)
-		if err != nil {
-			return 0
-		}
-		busy += ticks
-	}
-	return busy / clockTicks
-}
-
-// processCPU is the CPU time, in seconds, this process has used (user
-// and system, from /proc/self/stat), or 0 where there is none.
-func processCPU() float64 {
-	b, err := os.ReadFile("/proc/self/stat")
-	if err != nil {
-		return 0
-	}
-	// The fields after the command name (in parentheses, which may hold
-	// any character): utime and stime are the 12th and 13th.
-	i := strings.LastIndex(string(b), ") ")
-	if i < 0 {
-		return 0
-	}
-	f := strings.Fields(string(b[i+2:]))
-	if len(f) < 13 {
-		return 0
-	}
-	user, err1 := strconv.ParseFloat(f[11], 64)
-	system, err2 := strconv.ParseFloat(f[12], 64)
-	if err1 != nil || err2 != nil {
-		return 0
-	}
-	return (user + system) / clockTicks
-}
-
-// clockTicks is USER_HZ, the unit of /proc's CPU times: 100 on every
-// Linux architecture Go runs on.
-const clockTicks = 100

@@ -183,7 +183,13 @@ func waitIdle() {
 // Each paywatch run also comes right after a bare run of its own, and
 // paired-ratio is the median of those pairs' ratios: on a shared machine,
 // load that comes and goes between the two series sways the ratio of their
-// means more than it sways a pair.
+// means more than it sways a pair. cpu-ratio is the median of the pairs'
+// ratios of the CPU time the machine spent working (the node, PostgreSQL
+// and this process: pgtest.BusyCPU), paywatch's run to the bare one's;
+// cpu-bound-ratio the median of the pairs' bare run's time over paywatch's
+// CPU time shared among the machine's cores: the paired ratio that much
+// work would reach with no core ever idle, which paired-ratio cannot pass
+// (a target above it asks for less work, not for better overlap).
 // It measures the token path with a watch set too large for a topic filter
 // (the contract's every Transfer log is read and filtered here). Run:
 //
@@ -308,7 +314,7 @@ func benchmarkScan(b *testing.B, sb *scanBench, url string) {
 		b.Run(name, func(b *testing.B) {
 			var peak atomic.Uint64
 			var scanned, verified time.Duration
-			var paired []float64
+			var paired, cpu, bound []float64
 			stop := make(chan struct{})
 			go samplePeakHeap(&peak, stop)
 			defer close(stop)
@@ -321,9 +327,9 @@ func benchmarkScan(b *testing.B, sb *scanBench, url string) {
 				b.StopTimer()
 				// The bare loop once, just before: the pair shares the
 				// machine's moment (its other load comes and goes).
-				bareStart := time.Now()
+				bareStart, bareCPU := time.Now(), pgtest.BusyCPU()
 				sb.readRanges(b, bare, func([]types.Log) {})
-				bareTook := time.Since(bareStart)
+				bareTook, bareCPU := time.Since(bareStart), pgtest.BusyCPU()-bareCPU
 				db, dbURL := pgtest.NewWithURL(b)
 				// As in serve, where the API, the leases and the other
 				// networks keep the pool's connections open, the catch-up
@@ -359,7 +365,7 @@ func benchmarkScan(b *testing.B, sb *scanBench, url string) {
 				// the database for it every few milliseconds took a share
 				// of the cores the scan runs on, which the bare loop does
 				// not pay).
-				start := time.Now()
+				start, startCPU := time.Now(), pgtest.BusyCPU()
 				go func() { done <- s.Run(ctx) }()
 				select {
 				case <-reached.done:
@@ -368,7 +374,7 @@ func benchmarkScan(b *testing.B, sb *scanBench, url string) {
 					b.Fatal("timed out waiting for the scanner to reach the head")
 				}
 				b.StopTimer()
-				took := time.Since(start)
+				took, used := time.Since(start), pgtest.BusyCPU()-startCPU
 				// What the batches reported is where the cursor stands (a
 				// block committed twice would have stopped the clock early).
 				var cursor int64
@@ -378,6 +384,10 @@ func benchmarkScan(b *testing.B, sb *scanBench, url string) {
 				}
 				scanned += took
 				paired = append(paired, bareTook.Seconds()/took.Seconds())
+				if bareCPU > 0 && used > 0 {
+					cpu = append(cpu, used/bareCPU)
+					bound = append(bound, bareTook.Seconds()/(used/float64(runtime.NumCPU())))
+				}
 				waitUntil(b, clock, `SELECT count(*) = 0 FROM transfers WHERE $1 = ANY (flags)`, scan.FlagBalancePending)
 				clock.Close()
 				verified += time.Since(start)
@@ -395,6 +405,10 @@ func benchmarkScan(b *testing.B, sb *scanBench, url string) {
 			b.ReportMetric(verified.Seconds()*1000/float64(b.N), "verified-ms")
 			b.ReportMetric(float64(peak.Load())/(1<<20), "peak-heap-MB")
 			b.ReportMetric(median(paired), "paired-ratio")
+			if len(cpu) > 0 {
+				b.ReportMetric(median(cpu), "cpu-ratio")
+				b.ReportMetric(median(bound), "cpu-bound-ratio")
+			}
 		})
 	}
 }
