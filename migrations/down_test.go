@@ -89,8 +89,9 @@ func diff(got, want []string) string {
 	return strings.Join(out, "\n")
 }
 
-// schemaObjects lists the schema's tables, indexes, constraints, triggers
-// and functions, with their definitions, but goose's own.
+// schemaObjects lists the schema's tables (with their columns' types and
+// collations), indexes, constraints, triggers and functions, with their
+// definitions, but goose's own.
 func schemaObjects(t *testing.T, db interface {
 	Select(dest any, query string, args ...any) error
 }) []string {
@@ -98,8 +99,10 @@ func schemaObjects(t *testing.T, db interface {
 	var objects []string
 	if err := db.Select(&objects, `
 		SELECT 'table ' || c.relname || ': ' || string_agg(a.attname || ' ' || format_type(a.atttypid, a.atttypmod)
+			|| COALESCE(' collate ' || NULLIF(coll.collname, 'default'), '')
 			|| CASE WHEN a.attnotnull THEN ' not null' ELSE '' END, ', ' ORDER BY a.attnum)
 		FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+		LEFT JOIN pg_collation coll ON coll.oid = a.attcollation
 		WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind = 'r' AND c.relname <> 'goose_db_version'
 		GROUP BY c.relname
 		UNION ALL

@@ -7,10 +7,12 @@ import (
 	"fmt"
 	"maps"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/jmoiron/sqlx"
 	"github.com/pressly/goose/v3/lock"
 
 	"github.com/paywatch/paywatch/migrations"
@@ -221,5 +223,108 @@ func TestUpRefusesASchemaNewerThanThisRelease(t *testing.T) {
 	_, err = migrations.Up(ctx, db.DB)
 	if !errors.Is(err, migrations.ErrSchemaNewer) || !strings.Contains(err.Error(), fmt.Sprintf("at version %d", latest+1)) {
 		t.Fatalf("Up on a schema at version %d (this release knows %d): %v, want ErrSchemaNewer naming both", latest+1, latest, err)
+	}
+}
+
+// Every text column of paywatch's tables compares in byte order (the "C"
+// collation), whatever the database's default (here ICU's English, where
+// "a" sorts before "B"); the triggers the change had to drop and create
+// again are as they were, and a shop's own table in the same schema is
+// left alone.
+func TestTextColumnsCompareInByteOrder(t *testing.T) {
+	dbURL, name := pgtest.UnusedURL(t)
+	admin, err := sql.Open("postgres", pgtest.ServerURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	if _, err := admin.Exec("CREATE DATABASE " + name + " TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE 'en-US'"); err != nil {
+		t.Fatal(err)
+	}
+	db, err := sql.Open("postgres", dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	x := sqlx.NewDb(db, "postgres")
+	var linguistic bool
+	if err := x.Get(&linguistic, `SELECT 'a' < 'B'`); err != nil || !linguistic {
+		t.Fatalf("the database's default collation orders 'a' after 'B' (%v): the test needs one that does not", err)
+	}
+	ctx := context.Background()
+	if err := migrations.UpTo(ctx, db, 19); err != nil {
+		t.Fatal(err)
+	}
+	triggers := func() []string {
+		var defs []string
+		if err := x.Select(&defs, `SELECT pg_get_triggerdef(oid) FROM pg_trigger
+			WHERE NOT tgisinternal AND tgrelid IN (SELECT oid FROM pg_class WHERE relnamespace = current_schema()::regnamespace)
+			ORDER BY 1`); err != nil {
+			t.Fatal(err)
+		}
+		return defs
+	}
+	before := triggers()
+	// A shop's own table beside paywatch's, with a view over it: left as
+	// it is.
+	if _, err := db.Exec(`CREATE TABLE shop_notes (title text); CREATE VIEW shop_titles AS SELECT title FROM shop_notes`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := migrations.Up(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+	var shops []string
+	if err := x.Select(&shops, `SELECT table_name || '.' || column_name || ' ' || COALESCE(collation_name, 'default')
+		FROM information_schema.columns WHERE table_schema = current_schema() AND table_name LIKE 'shop_%' ORDER BY 1`); err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"shop_notes.title default", "shop_titles.title default"}; !slices.Equal(shops, want) {
+		t.Fatalf("the shop's table and view became %v, want %v", shops, want)
+	}
+	var others []string
+	if err := x.Select(&others, `SELECT table_name || '.' || column_name || ' ' || COALESCE(collation_name, 'default')
+		FROM information_schema.columns
+		WHERE table_schema = current_schema() AND data_type = 'text' AND table_name <> 'goose_db_version'
+			AND table_name NOT LIKE 'shop_%' AND collation_name IS DISTINCT FROM 'C'`); err != nil {
+		t.Fatal(err)
+	}
+	if len(others) > 0 {
+		t.Fatalf("text columns not in byte order: %v", others)
+	}
+	if after := triggers(); !slices.Equal(before, after) || len(after) < 10 {
+		t.Fatalf("the triggers changed:\nbefore: %v\nafter:  %v", before, after)
+	}
+	var ids []string
+	if _, err := db.Exec(`INSERT INTO order_reviews (order_id, at) VALUES ('ord_a', now()), ('ord_B', now()), ('ord_0', now())`); err != nil {
+		t.Fatal(err)
+	}
+	if err := x.Select(&ids, `SELECT order_id FROM order_reviews ORDER BY order_id`); err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"ord_0", "ord_B", "ord_a"}; !slices.Equal(ids, want) {
+		t.Fatalf("order ids sort as %v, want %v", ids, want)
+	}
+}
+
+// A view of a shop's own over paywatch's tables stops migration 00020
+// with PostgreSQL's reason and nothing changed (README "Upgrading past
+// migration 00020").
+func TestByteOrderMigrationStopsAtAViewOverItsTables(t *testing.T) {
+	db := migratedTo(t, 19)
+	if _, err := db.Exec(`CREATE VIEW shop_revenue AS SELECT id, status FROM orders`); err != nil {
+		t.Fatal(err)
+	}
+	_, err := migrations.Up(context.Background(), db)
+	if err == nil || !strings.Contains(err.Error(), "cannot alter type of a column used by a view or rule") {
+		t.Fatalf("migrating with a view over orders: %v", err)
+	}
+	x := sqlx.NewDb(db, "postgres")
+	var changed int
+	if err := x.Get(&changed, `SELECT count(*) FROM information_schema.columns
+		WHERE table_schema = current_schema() AND collation_name = 'C'`); err != nil || changed != 0 {
+		t.Fatalf("%d columns changed (%v), want none", changed, err)
+	}
+	if current, _, err := migrations.Version(context.Background(), db); err != nil || current != 19 {
+		t.Fatalf("schema at version %d (%v), want 19", current, err)
 	}
 }
