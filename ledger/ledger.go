@@ -15,12 +15,13 @@
 package ledger
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
 	"fmt"
 	"math/big"
-	"sort"
+	"slices"
 	"strings"
 	"time"
 
@@ -195,7 +196,11 @@ func Balances(ctx context.Context, db sqlx.QueryerContext, prefix string) ([]Bal
 		}
 		out = append(out, Balance{Account: r.Account, Network: r.Network, Asset: r.Asset, Amount: v})
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Account < out[j].Account })
+	// In byte order on every key, as the statement sorts them (the columns
+	// compare so): one order, however the database sorts text by default.
+	slices.SortFunc(out, func(a, b Balance) int {
+		return cmp.Or(strings.Compare(a.Account, b.Account), strings.Compare(a.Network, b.Network), strings.Compare(a.Asset, b.Asset))
+	})
 	return out, nil
 }
 

@@ -229,8 +229,9 @@ func TestUpRefusesASchemaNewerThanThisRelease(t *testing.T) {
 // Every text column of paywatch's tables compares in byte order (the "C"
 // collation), whatever the database's default (here ICU's English, where
 // "a" sorts before "B"); the triggers the change had to drop and create
-// again are as they were, and a shop's own table in the same schema is
-// left alone.
+// again are as they were (enabled or not, with their comments); a shop's
+// own table in the same schema, and its own columns of a domain's type or
+// with a collation of their own on paywatch's tables, are left alone.
 func TestTextColumnsCompareInByteOrder(t *testing.T) {
 	dbURL, name := pgtest.UnusedURL(t)
 	admin, err := sql.Open("postgres", pgtest.ServerURL())
@@ -257,12 +258,29 @@ func TestTextColumnsCompareInByteOrder(t *testing.T) {
 	}
 	triggers := func() []string {
 		var defs []string
-		if err := x.Select(&defs, `SELECT pg_get_triggerdef(oid) FROM pg_trigger
+		if err := x.Select(&defs, `SELECT pg_get_triggerdef(oid) || ' ' || tgenabled::text || ' ' || coalesce(obj_description(oid, 'pg_trigger'), '')
+			FROM pg_trigger
 			WHERE NOT tgisinternal AND tgrelid IN (SELECT oid FROM pg_class WHERE relnamespace = current_schema()::regnamespace)
 			ORDER BY 1`); err != nil {
 			t.Fatal(err)
 		}
 		return defs
+	}
+	// One trigger disabled (as an operator might, for a bulk load) and one
+	// always enabled: they stay so. A shop's own columns on paywatch's
+	// table, of a domain's type and with a collation of their own, stay
+	// as they are; statistics survive.
+	for _, q := range []string{
+		`ALTER TABLE orders DISABLE TRIGGER orders_notify`,
+		`ALTER TABLE ledger_postings ENABLE ALWAYS TRIGGER ledger_postings_balanced`,
+		`CREATE DOMAIN shop_email AS text CHECK (VALUE LIKE '%@%')`,
+		`ALTER TABLE orders ADD COLUMN shop_email shop_email, ADD COLUMN shop_name text COLLATE "en-US-x-icu"`,
+		`INSERT INTO chain_blocks (network, block_number, block_hash) VALUES ('ethereum', 1, '0xb1'), ('ethereum', 2, '0xb2')`,
+		`ANALYZE chain_blocks`,
+	} {
+		if _, err := db.Exec(q); err != nil {
+			t.Fatal(q, err)
+		}
 	}
 	before := triggers()
 	// A shop's own table beside paywatch's, with a view over it: left as
@@ -282,14 +300,29 @@ func TestTextColumnsCompareInByteOrder(t *testing.T) {
 		t.Fatalf("the shop's table and view became %v, want %v", shops, want)
 	}
 	var others []string
-	if err := x.Select(&others, `SELECT table_name || '.' || column_name || ' ' || COALESCE(collation_name, 'default')
-		FROM information_schema.columns
-		WHERE table_schema = current_schema() AND data_type = 'text' AND table_name <> 'goose_db_version'
-			AND table_name NOT LIKE 'shop_%' AND collation_name IS DISTINCT FROM 'C'`); err != nil {
+	if err := x.Select(&others, `SELECT c.relname || '.' || a.attname || ' ' || coll.collname
+		FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid JOIN pg_collation coll ON coll.oid = a.attcollation
+		WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind = 'r' AND a.attnum > 0 AND NOT a.attisdropped
+			AND a.atttypid IN ('text'::regtype, 'text[]'::regtype) AND c.relname NOT IN ('goose_db_version', 'shop_notes')
+			AND a.attname NOT LIKE 'shop_%' AND coll.collname <> 'C'`); err != nil {
 		t.Fatal(err)
 	}
 	if len(others) > 0 {
 		t.Fatalf("text columns not in byte order: %v", others)
+	}
+	var shopColumns []string
+	if err := x.Select(&shopColumns, `SELECT column_name || ' ' || COALESCE(domain_name, data_type) || ' ' || COALESCE(collation_name, 'default')
+		FROM information_schema.columns WHERE table_schema = current_schema() AND table_name = 'orders' AND column_name LIKE 'shop_%'
+		ORDER BY 1`); err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"shop_email shop_email default", "shop_name text en-US-x-icu"}; !slices.Equal(shopColumns, want) {
+		t.Fatalf("the shop's columns on orders became %v, want %v", shopColumns, want)
+	}
+	var stats int
+	if err := x.Get(&stats, `SELECT count(*) FROM pg_stats WHERE schemaname = current_schema() AND tablename = 'chain_blocks'
+		AND attname IN ('network', 'block_hash')`); err != nil || stats != 2 {
+		t.Fatalf("%d of chain_blocks' text columns have statistics (%v), want 2", stats, err)
 	}
 	if after := triggers(); !slices.Equal(before, after) || len(after) < 10 {
 		t.Fatalf("the triggers changed:\nbefore: %v\nafter:  %v", before, after)
@@ -326,5 +359,44 @@ func TestByteOrderMigrationStopsAtAViewOverItsTables(t *testing.T) {
 	}
 	if current, _, err := migrations.Version(context.Background(), db); err != nil || current != 19 {
 		t.Fatalf("schema at version %d (%v), want 19", current, err)
+	}
+}
+
+// On a database whose default collation is byte order already, migration
+// 00020 changes nothing: no index is built again.
+func TestByteOrderMigrationLeavesACDatabaseAlone(t *testing.T) {
+	dbURL, name := pgtest.UnusedURL(t)
+	admin, err := sql.Open("postgres", pgtest.ServerURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	if _, err := admin.Exec("CREATE DATABASE " + name + " TEMPLATE template0 LOCALE 'C'"); err != nil {
+		t.Fatal(err)
+	}
+	db, err := sql.Open("postgres", dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	ctx := context.Background()
+	if err := migrations.UpTo(ctx, db, 19); err != nil {
+		t.Fatal(err)
+	}
+	x := sqlx.NewDb(db, "postgres")
+	files := func() []string {
+		var f []string
+		if err := x.Select(&f, `SELECT relname || ' ' || relfilenode FROM pg_class
+			WHERE relnamespace = current_schema()::regnamespace AND relkind = 'i' ORDER BY 1`); err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	before := files()
+	if _, err := migrations.Up(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+	if after := files(); !slices.Equal(before, after) {
+		t.Fatalf("indexes were built again:\nbefore: %v\nafter:  %v", before, after)
 	}
 }
