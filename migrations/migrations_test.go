@@ -161,7 +161,11 @@ func TestUpgradeMarksOrdersThatHaveTransfers(t *testing.T) {
 
 // migratedTo returns a fresh database migrated up to version, closed when
 // t ends.
-func migratedTo(t *testing.T, version int64) *sql.DB {
+func migratedTo(t *testing.T, version int64) *sql.DB { return migratedWith(t, version, "") }
+
+// migratedWith is migratedTo with the database created with options
+// (CREATE DATABASE's: a template, a locale).
+func migratedWith(t *testing.T, version int64, options string) *sql.DB {
 	t.Helper()
 	dbURL, name := pgtest.UnusedURL(t)
 	admin, err := sql.Open("postgres", pgtest.ServerURL())
@@ -169,7 +173,7 @@ func migratedTo(t *testing.T, version int64) *sql.DB {
 		t.Fatal(err)
 	}
 	defer admin.Close()
-	if _, err := admin.Exec("CREATE DATABASE " + name); err != nil {
+	if _, err := admin.Exec("CREATE DATABASE " + name + " " + options); err != nil {
 		t.Fatal(err)
 	}
 	db, err := sql.Open("postgres", dbURL)
@@ -233,29 +237,13 @@ func TestUpRefusesASchemaNewerThanThisRelease(t *testing.T) {
 // own table in the same schema, and its own columns of a domain's type or
 // with a collation of their own on paywatch's tables, are left alone.
 func TestTextColumnsCompareInByteOrder(t *testing.T) {
-	dbURL, name := pgtest.UnusedURL(t)
-	admin, err := sql.Open("postgres", pgtest.ServerURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close()
-	if _, err := admin.Exec("CREATE DATABASE " + name + " TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE 'en-US'"); err != nil {
-		t.Fatal(err)
-	}
-	db, err := sql.Open("postgres", dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
+	db := migratedWith(t, 19, "TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE 'en-US'")
 	x := sqlx.NewDb(db, "postgres")
 	var linguistic bool
 	if err := x.Get(&linguistic, `SELECT 'a' < 'B'`); err != nil || !linguistic {
 		t.Fatalf("the database's default collation orders 'a' after 'B' (%v): the test needs one that does not", err)
 	}
 	ctx := context.Background()
-	if err := migrations.UpTo(ctx, db, 19); err != nil {
-		t.Fatal(err)
-	}
 	triggers := func() []string {
 		var defs []string
 		if err := x.Select(&defs, `SELECT pg_get_triggerdef(oid) || ' ' || tgenabled::text || ' ' || coalesce(obj_description(oid, 'pg_trigger'), '')
@@ -365,24 +353,8 @@ func TestByteOrderMigrationStopsAtAViewOverItsTables(t *testing.T) {
 // On a database whose default collation is byte order already, migration
 // 00020 changes nothing: no index is built again.
 func TestByteOrderMigrationLeavesACDatabaseAlone(t *testing.T) {
-	dbURL, name := pgtest.UnusedURL(t)
-	admin, err := sql.Open("postgres", pgtest.ServerURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close()
-	if _, err := admin.Exec("CREATE DATABASE " + name + " TEMPLATE template0 LOCALE 'C'"); err != nil {
-		t.Fatal(err)
-	}
-	db, err := sql.Open("postgres", dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
+	db := migratedWith(t, 19, "TEMPLATE template0 LOCALE 'C'")
 	ctx := context.Background()
-	if err := migrations.UpTo(ctx, db, 19); err != nil {
-		t.Fatal(err)
-	}
 	x := sqlx.NewDb(db, "postgres")
 	files := func() []string {
 		var f []string
