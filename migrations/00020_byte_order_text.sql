@@ -16,7 +16,8 @@
 -- schema are left as they are), and only their columns of type text or
 -- text[] under the database's default collation (not a domain's, not one
 -- given a collation of its own); nothing, on a database whose default is
--- "C" already. The tables are locked at once, in one statement.
+-- "C" already. The tables are locked at once, in one statement, waiting
+-- at most 10 s.
 -- PostgreSQL refuses to change a column that a trigger's condition or
 -- column list reads: the triggers of these tables are dropped and created
 -- again as they were (enabled or not, with their comments), around the
@@ -48,6 +49,11 @@ BEGIN
             FROM pg_database d WHERE d.datname = current_database()) THEN
         RETURN; -- the database's default is byte order already
     END IF;
+    -- While it waits for a lock, every later statement on that table waits
+    -- behind it: a long query, or a daemon of the earlier release in the
+    -- middle of a pass, would hold the whole shop. Past 10 s the migration
+    -- fails, nothing changed, and the next start tries again.
+    SET LOCAL lock_timeout = '10s';
     EXECUTE 'LOCK TABLE ' || (SELECT string_agg(format('%I', t), ', ') FROM unnest(tables) AS t) || ' IN ACCESS EXCLUSIVE MODE';
     SELECT array_agg(c.relname ORDER BY c.relname, t.tgname), array_agg(t.tgname ORDER BY c.relname, t.tgname),
         array_agg(t.tgenabled::text ORDER BY c.relname, t.tgname),

@@ -372,3 +372,39 @@ func TestByteOrderMigrationLeavesACDatabaseAlone(t *testing.T) {
 		t.Fatalf("indexes were built again:\nbefore: %v\nafter:  %v", before, after)
 	}
 }
+
+// Migration 00020 waits at most 10 s for its tables' locks (every later
+// statement on a table waits behind it meanwhile), then fails with nothing
+// changed; the next try, once the table is free, goes through.
+func TestByteOrderMigrationWaitsForLocksAtMost10s(t *testing.T) {
+	db := migratedTo(t, 19)
+	ctx := context.Background()
+	holder, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Rollback()
+	if _, err := holder.Exec(`SELECT count(*) FROM orders`); err != nil { // a long query's lock
+		t.Fatal(err)
+	}
+	start := time.Now()
+	waiting, cancel := context.WithTimeout(ctx, 30*time.Second) // without the limit, it would wait for good
+	_, err = migrations.Up(waiting, db)
+	cancel()
+	took := time.Since(start)
+	if err == nil || !strings.Contains(err.Error(), "lock timeout") {
+		t.Fatalf("migrating beside a held lock: %v", err)
+	}
+	if took < 9*time.Second || took > 30*time.Second {
+		t.Fatalf("gave up after %v, want about 10 s", took)
+	}
+	if current, _, err := migrations.Version(ctx, db); err != nil || current != 19 {
+		t.Fatalf("schema at version %d (%v), want 19", current, err)
+	}
+	if err := holder.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := migrations.Up(ctx, db); err != nil {
+		t.Fatalf("once the lock is gone: %v", err)
+	}
+}
