@@ -49,13 +49,12 @@ type Scanner struct {
 	ahead []*prefetch
 	// lastHead is the head the last commit saw.
 	lastHead uint64
-	// known is the cursor as this scanner's last commit left it, when
-	// knownSet: the next step starts from it instead of reading it back.
+	// known is the cursor as this scanner's last commit left it (nil when
+	// unknown): the next step starts from it instead of reading it back.
 	// Each commit checks the cursor it starts from under the cursor's lock,
 	// so a cursor moved meanwhile (paywatch rescan, another instance) costs
 	// a step that commits nothing and is taken again at once, reading it.
-	known    *Block
-	knownSet bool
+	known *Block
 	// verifyWake tells Run's verifier that a commit recorded transfers
 	// waiting for a verdict.
 	verifyWake chan struct{}
@@ -211,7 +210,7 @@ func (s *Scanner) Run(ctx context.Context) error {
 
 func (s *Scanner) run(ctx context.Context) error {
 	// A run (a lease taken again) starts from the stored cursor.
-	s.knownSet = false
+	s.known = nil
 	failures := 0
 	halted := false
 	for {
@@ -357,8 +356,8 @@ func (s *Scanner) Step(ctx context.Context) (caughtUp bool, err error) {
 	if s.batch == 0 {
 		s.batch = max(s.MaxBatch, 1)
 	}
-	cur, cached := s.known, s.knownSet
-	s.knownSet = false // until a commit of this step sets it again
+	cur, cached := s.known, s.known != nil
+	s.known = nil // until a commit of this step sets it again
 	if cached {
 		defer func() {
 			if errors.Is(err, ErrCursorMoved) {
@@ -485,7 +484,7 @@ func (s *Scanner) Step(ctx context.Context) (caughtUp bool, err error) {
 		if _, err := s.Store.Commit(ctx, commit); err != nil {
 			return false, err
 		}
-		s.known, s.knownSet = commit.Cursor, commit.Cursor != nil
+		s.known = commit.Cursor
 		return true, nil
 	}
 	if ahead == nil && len(s.ahead) > 0 {
@@ -587,7 +586,7 @@ func (s *Scanner) commitBatch(ctx context.Context, cur *Block, orphanAbove *uint
 	if err != nil {
 		return false, err
 	}
-	s.known, s.knownSet = commit.Cursor, true
+	s.known = commit.Cursor
 	if orphanAbove != nil {
 		s.Log.Warn("reorg handled", "fork_below", *orphanAbove+1, "orphaned_transfers", orphaned)
 	}
