@@ -58,7 +58,7 @@ func TestOrphaningLookUpsReadsNoneOrphanedBefore(t *testing.T) {
 	defer tx.Rollback()
 	// The 10 live look-ups: a few pages. (Reading the 20,000 orphaned
 	// before them: about 400.)
-	if pages, out := updateReads(t, tx, orphanLookups, "ethereum", 30000, now); pages > 30 {
+	if pages, out := updateReads(t, tx, orphanLookupsAt("$2"), "ethereum", 30000, now); pages > 30 {
 		t.Fatalf("orphaning 10 look-ups among 20,000 orphaned before read %.0f pages:\n%s", pages, out)
 	}
 	var orphaned int

@@ -272,14 +272,11 @@ func (s *Store) Commit(ctx context.Context, c Commit) (orphaned int, err error) 
 	return orphaned, nil
 }
 
-// orphanLookups orphans network $1's look-ups ($3 the time) that the
-// scanner passed (at or below block $2) without seeing: their block was not
-// the canonical one. Its conditions are those of transfers_live_lookups_idx,
-// which holds the live look-ups only (those orphaned before are not read).
-var orphanLookups = orphanLookupsAt("$2")
-
-// orphanLookupsAt is orphanLookups with the cursor's height the parameter
-// named.
+// orphanLookupsAt orphans network $1's look-ups ($3 the time) that the
+// scanner passed (at or below the block that the parameter named by height
+// holds) without seeing: their block was not the canonical one. Its
+// conditions are those of transfers_live_lookups_idx, which holds the live
+// look-ups only (those orphaned before are not read).
 func orphanLookupsAt(height string) string {
 	return `UPDATE transfers SET state = 'orphaned', orphaned_at = $3, updated_at = $3, ledger_dirty = true
 	WHERE network = $1 AND provisional AND block_number <= ` + height + ` AND state <> 'orphaned' RETURNING id`
@@ -294,7 +291,7 @@ const confirmTransfers = `UPDATE transfers SET state = 'confirmed', updated_at =
 		AND NOT ('` + FlagBalancePending + `' = ANY (flags))`
 
 // advance is a commit's step past its transfers, in one statement (one
-// round trip of a catch-up's batch): orphanLookups at the new cursor ($4:
+// round trip of a catch-up's batch): orphanLookupsAt the new cursor ($4:
 // its height, NULL for none; $1 network, $3 time), the block hashes kept
 // (heights $11, hashes $12) and those below $13 (NULL for none) pruned,
 // confirmTransfers (height $2, NULL for none), the cursor set ($4 block, $5
