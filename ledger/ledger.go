@@ -15,13 +15,11 @@
 package ledger
 
 import (
-	"cmp"
 	"context"
 	"database/sql"
 	"errors"
 	"fmt"
 	"math/big"
-	"slices"
 	"strings"
 	"time"
 
@@ -172,7 +170,8 @@ type Balance struct {
 func CreditNormal(account string) bool { return !strings.HasPrefix(account, WalletPrefix) }
 
 // Balances sums postings per account and asset for accounts starting with
-// prefix ("" for all), sorted by account.
+// prefix ("" for all), sorted by account, network and asset in byte order
+// (the ledger's text columns compare so, whatever the database's default).
 func Balances(ctx context.Context, db sqlx.QueryerContext, prefix string) ([]Balance, error) {
 	var rows []struct {
 		Account string `db:"account"`
@@ -196,11 +195,6 @@ func Balances(ctx context.Context, db sqlx.QueryerContext, prefix string) ([]Bal
 		}
 		out = append(out, Balance{Account: r.Account, Network: r.Network, Asset: r.Asset, Amount: v})
 	}
-	// In byte order on every key, as the statement sorts them (the columns
-	// compare so): one order, however the database sorts text by default.
-	slices.SortFunc(out, func(a, b Balance) int {
-		return cmp.Or(strings.Compare(a.Account, b.Account), strings.Compare(a.Network, b.Network), strings.Compare(a.Asset, b.Asset))
-	})
 	return out, nil
 }
 
