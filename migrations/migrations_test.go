@@ -365,7 +365,7 @@ func TestByteOrderMigrationLeavesACDatabaseAlone(t *testing.T) {
 		return f
 	}
 	before := files()
-	if _, err := migrations.Up(ctx, db); err != nil {
+	if err := migrations.UpTo(ctx, db, 20); err != nil {
 		t.Fatal(err)
 	}
 	if after := files(); !slices.Equal(before, after) {
@@ -406,5 +406,110 @@ func TestByteOrderMigrationWaitsForLocksAtMost10s(t *testing.T) {
 	}
 	if _, err := migrations.Up(ctx, db); err != nil {
 		t.Fatalf("once the lock is gone: %v", err)
+	}
+}
+
+// Migration 00021 leaves each timeline event, review and webhook event one
+// index entry fewer to write, and every read those indexes served is
+// served by what stays: a timeline (by order, in the order written) through
+// the timeline's primary key, the reviews queued (by order) through theirs,
+// due webhook events and the backlog through the undelivered events'
+// index. What was there before is kept as it was.
+func TestTimelineAndOutboxIndexesServeEveryRead(t *testing.T) {
+	ctx := context.Background()
+	db := migratedTo(t, 20)
+	x := sqlx.NewDb(db, "postgres")
+	now := time.Now().UTC().Truncate(time.Microsecond)
+	for _, q := range []string{
+		`INSERT INTO orders (id, external_id, request_hash, network, asset, asset_contract, amount, pay_amount,
+			pay_address, unique_k, status, created_at, expires_at, monitor_until, updated_at, created_height, earliest_block_time)
+		SELECT 'ord_' || g, 'ext-' || g, '\x00', 'ethereum', 'USDT', 'c', 1000000 + g, 1000000 + g,
+			'0xshop', g, 'awaiting_payment', $1, $1::timestamptz + interval '1 hour', $1::timestamptz + interval '25 hours', $1, 0, $1
+		FROM generate_series(1, 3) g`,
+		`INSERT INTO order_events (order_id, at, type, actor)
+		SELECT 'ord_' || (g % 3 + 1), $1, 'note_' || g, 'test' FROM generate_series(1, 30) g`,
+		`INSERT INTO order_reviews (order_id, at) SELECT 'ord_' || (g % 3 + 1), $1 FROM generate_series(1, 9) g`,
+		`INSERT INTO webhook_outbox (id, order_id, type, created_at, next_attempt_at, body, status)
+		SELECT 'evt_' || g, 'ord_' || (g % 3 + 1), 'order.settled', $1, $1::timestamptz - g * interval '1 second', 'x',
+			(ARRAY['pending', 'failed', 'refused', 'delivered'])[g % 4 + 1] FROM generate_series(1, 40) g`,
+	} {
+		if _, err := x.Exec(q, now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	type ev struct {
+		ID   int64  `db:"id"`
+		Type string `db:"type"`
+	}
+	timeline := func() []ev {
+		var got []ev
+		if err := x.Select(&got, `SELECT id, type FROM order_events WHERE order_id = 'ord_2' ORDER BY id`); err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	before := timeline()
+	if _, err := migrations.Up(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+	if after := timeline(); len(before) != 10 || !slices.Equal(before, after) {
+		t.Fatalf("timeline after the migration %v, before %v", after, before)
+	}
+	var reviews int
+	if err := x.Get(&reviews, `SELECT count(*) FROM order_reviews`); err != nil || reviews != 9 {
+		t.Fatalf("%d reviews queued after the migration (%v), want 9", reviews, err)
+	}
+	indexes := func(table string) []string {
+		var got []string
+		if err := x.Select(&got, `SELECT indexname || ': ' || regexp_replace(indexdef, '.* USING ', '') FROM pg_indexes
+			WHERE schemaname = current_schema() AND tablename = $1 ORDER BY 1`, table); err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	if got, want := indexes("order_events"), []string{
+		"order_events_pkey: btree (order_id, id)",
+		"order_events_unmatched_idx: btree (order_id) WHERE (type = 'transfer_unmatched'::text)",
+	}; !slices.Equal(got, want) {
+		t.Fatalf("order_events indexes %q, want %q", got, want)
+	}
+	if got, want := indexes("order_reviews"), []string{"order_reviews_pkey: btree (order_id, id)"}; !slices.Equal(got, want) {
+		t.Fatalf("order_reviews indexes %q, want %q", got, want)
+	}
+	if got := indexes("webhook_outbox"); !slices.Contains(got,
+		"webhook_outbox_undelivered_idx: btree (status, next_attempt_at) WHERE (status <> 'delivered'::text)") || len(got) != 5 {
+		t.Fatalf("webhook_outbox indexes %q", got)
+	}
+	// Each read, with the planner told to use an index where one serves
+	// (these tables are small), goes through the index that stays.
+	tx, err := x.Beginx()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	if _, err := tx.Exec(`SET LOCAL enable_seqscan = off`); err != nil {
+		t.Fatal(err)
+	}
+	for _, read := range []struct{ sql, index string }{
+		{`SELECT id, type FROM order_events WHERE order_id = 'ord_2' ORDER BY id`, "order_events_pkey"},
+		{`SELECT DISTINCT order_id FROM order_reviews WHERE order_id > 'ord_1' ORDER BY order_id LIMIT 2`, "order_reviews_pkey"},
+		{`DELETE FROM order_reviews WHERE order_id = ANY ('{ord_2,ord_3}')`, "order_reviews_pkey"},
+		{`SELECT order_id FROM webhook_outbox WHERE status = 'pending' AND next_attempt_at <= now() ORDER BY next_attempt_at`,
+			"webhook_outbox_undelivered_idx"},
+		{`SELECT count(*) FILTER (WHERE status = 'failed') FROM webhook_outbox WHERE status <> 'delivered'`,
+			"webhook_outbox_undelivered_idx"},
+	} {
+		_, plan := pgtest.Explain(t, tx, read.sql)
+		if !strings.Contains(plan, read.index) || strings.Contains(plan, "Sort") {
+			t.Fatalf("%s\nnot read in order through %s:\n%s", read.sql, read.index, plan)
+		}
+	}
+	// The sequence goes on: the next event is the last of its timeline.
+	var id int64
+	if err := tx.Get(&id, `INSERT INTO order_events (order_id, at, type, actor) VALUES ('ord_2', now(), 'later', 'test') RETURNING id`); err != nil {
+		t.Fatal(err)
+	}
+	if last := before[len(before)-1].ID; id <= last {
+		t.Fatalf("new event id %d, the timeline's last was %d", id, last)
 	}
 }

@@ -268,7 +268,7 @@ func (s *Sender) Round(ctx context.Context) (int, error) {
 }
 
 // dueOrders lists the orders with an event due at $1, but those in $2
-// (busy): one read of the due events (webhook_outbox_due_idx, up to $1).
+// (busy): one read of the due events (webhook_outbox_undelivered_idx, up to $1).
 const dueOrders = `SELECT DISTINCT order_id FROM webhook_outbox
 	WHERE status = 'pending' AND next_attempt_at <= $1 AND order_id <> ALL ($2::text[])`
 
