@@ -373,39 +373,49 @@ func TestByteOrderMigrationLeavesACDatabaseAlone(t *testing.T) {
 	}
 }
 
-// Migration 00020 waits at most 10 s for its tables' locks (every later
-// statement on a table waits behind it meanwhile), then fails with nothing
-// changed; the next try, once the table is free, goes through.
-func TestByteOrderMigrationWaitsForLocksAtMost10s(t *testing.T) {
-	db := migratedTo(t, 19)
-	ctx := context.Background()
-	holder, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer holder.Rollback()
-	if _, err := holder.Exec(`SELECT count(*) FROM orders`); err != nil { // a long query's lock
-		t.Fatal(err)
-	}
-	start := time.Now()
-	waiting, cancel := context.WithTimeout(ctx, 30*time.Second) // without the limit, it would wait for good
-	_, err = migrations.Up(waiting, db)
-	cancel()
-	took := time.Since(start)
-	if err == nil || !strings.Contains(err.Error(), "lock timeout") {
-		t.Fatalf("migrating beside a held lock: %v", err)
-	}
-	if took < 9*time.Second || took > 30*time.Second {
-		t.Fatalf("gave up after %v, want about 10 s", took)
-	}
-	if current, _, err := migrations.Version(ctx, db); err != nil || current != 19 {
-		t.Fatalf("schema at version %d (%v), want 19", current, err)
-	}
-	if err := holder.Rollback(); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := migrations.Up(ctx, db); err != nil {
-		t.Fatalf("once the lock is gone: %v", err)
+// Migrations 00020 and 00021 wait at most 10 s for their tables' locks
+// (every later statement on a table waits behind them meanwhile), then
+// fail with nothing changed; the next try, once the table is free, goes
+// through. Each is held back by a long query on a table it changes.
+func TestMigrationsWaitForLocksAtMost10s(t *testing.T) {
+	for _, m := range []struct {
+		version int64 // the migration's
+		table   string
+	}{{20, "orders"}, {21, "webhook_outbox"}} {
+		t.Run(fmt.Sprintf("%05d", m.version), func(t *testing.T) {
+			t.Parallel()
+			before := m.version - 1
+			db := migratedTo(t, before)
+			ctx := context.Background()
+			holder, err := db.BeginTx(ctx, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer holder.Rollback()
+			if _, err := holder.Exec(`SELECT count(*) FROM ` + m.table); err != nil { // a long query's lock
+				t.Fatal(err)
+			}
+			start := time.Now()
+			waiting, cancel := context.WithTimeout(ctx, 30*time.Second) // without the limit, it would wait for good
+			err = migrations.UpTo(waiting, db, m.version)
+			cancel()
+			took := time.Since(start)
+			if err == nil || !strings.Contains(err.Error(), "lock timeout") {
+				t.Fatalf("migrating beside a held lock: %v", err)
+			}
+			if took < 9*time.Second || took > 30*time.Second {
+				t.Fatalf("gave up after %v, want about 10 s", took)
+			}
+			if current, _, err := migrations.Version(ctx, db); err != nil || current != before {
+				t.Fatalf("schema at version %d (%v), want %d", current, err, before)
+			}
+			if err := holder.Rollback(); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := migrations.Up(ctx, db); err != nil {
+				t.Fatalf("once the lock is gone: %v", err)
+			}
+		})
 	}
 }
 
