@@ -381,7 +381,7 @@ func TestMigrationsWaitForLocksAtMost10s(t *testing.T) {
 	for _, m := range []struct {
 		version int64 // the migration's
 		table   string
-	}{{20, "orders"}, {21, "webhook_outbox"}} {
+	}{{20, "orders"}, {21, "order_events"}} {
 		t.Run(fmt.Sprintf("%05d", m.version), func(t *testing.T) {
 			t.Parallel()
 			before := m.version - 1
